@@ -1,0 +1,42 @@
+# wmark developer commands. Every target sets up what it needs (a fresh clone works).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.wmark-installed
+PYTEST_ARGS ?=
+
+.PHONY: dev check test test-slow demo bench up clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+
+# CPU torch first: `pip install torch==2.13.0` takes the local CPU wheel here; a bare `torch`
+# could pull a multi-GB CUDA build. Strict editable mode keeps mypy and import-linter working.
+$(STAMP): $(PY) pyproject.toml core/_fastprf.c
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[generate,models,scan,dev]' --config-settings editable_mode=strict
+	touch $(STAMP)
+
+dev: $(STAMP)  ## install everything into .venv (rerun after adding a module)
+	$(PIP) install -q -e . --no-deps --config-settings editable_mode=strict
+
+check: dev  ## ruff, mypy --strict, import contracts
+	$(VENV)/bin/ruff check core detector generator keys api cli tests bench
+	$(VENV)/bin/mypy -p wmark
+	$(VENV)/bin/lint-imports
+
+test: dev  ## the test suite (slow real-model checks excluded; see test-slow)
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: dev  ## real-model checks on the embedded pair (CPU: tens of minutes)
+	$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
+
+demo: dev  ## the main job: generate with the embedded pair, detect, print verdicts
+	$(VENV)/bin/wmark demo
+
+up:  ## the service stack (needs Docker and WMARK_MASTER_KEY)
+	docker compose up -d
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

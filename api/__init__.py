@@ -1,0 +1,1 @@
+"""wmark.api: the detection service (FastAPI app factory `create_app`)."""

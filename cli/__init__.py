@@ -1,0 +1,1 @@
+"""wmark.cli: the `wmark` command (Typer). Thin: parse, call a library function, render."""

@@ -1,0 +1,5 @@
+"""`python -m wmark.cli`."""
+
+from wmark.cli.main import main
+
+main()

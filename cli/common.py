@@ -1,0 +1,63 @@
+"""Shared CLI plumbing: the error boundary, registry access and output helpers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from wmark.errors import WmarkError
+from wmark.keys import KeyRegistry, RegistryConfig
+
+__all__ = [
+    "WmarkGroup",
+    "console",
+    "embedded_tokenizer_loader",
+    "err_console",
+    "fail",
+    "open_registry",
+    "print_json",
+]
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class WmarkGroup(TyperGroup):
+    """Root command group: every `WmarkError` becomes one line on stderr and exit code 2."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except WmarkError as exc:
+            raise fail(str(exc)) from None
+
+
+def open_registry() -> KeyRegistry:
+    """The registry configured by WMARK_HOME / WMARK_DATABASE_URL / WMARK_MASTER_KEY."""
+    return KeyRegistry.open(RegistryConfig.from_env())
+
+
+def embedded_tokenizer_loader() -> Any:
+    """Loader of the embedded pair's tokenizer.json, or None without the `[models]` extra."""
+    try:
+        from wmark.generator.embedded import embedded_tokenizer_json
+    except ImportError:
+        return None
+    return embedded_tokenizer_json
+
+
+def print_json(data: Any) -> None:
+    """One JSON object per line on stdout."""
+    sys.stdout.write(json.dumps(data, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str) -> typer.Exit:
+    """Print a one-line error and return the exit to raise (code 2)."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)

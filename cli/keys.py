@@ -1,0 +1,136 @@
+"""`wmark keys`: create, list, show, rotate and revoke watermark keys."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from wmark.cli.common import console, embedded_tokenizer_loader, open_registry, print_json
+from wmark.detector.tokenize import read_tokenizer_source
+from wmark.keys import KeyInfo
+
+app = typer.Typer(
+    help="Manage watermark keys (secrets never leave the registry in clear).", no_args_is_help=True
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+def _show(info: KeyInfo, as_json: bool) -> None:
+    if as_json:
+        print_json(info.to_dict())
+        return
+    spec = info.spec
+    console.print(f"[bold]{info.key_id}[/]  {info.name}  ({info.status})", highlight=False)
+    console.print(f"  fingerprint   {info.fingerprint}", highlight=False)
+    console.print(
+        f"  tokenizer     {spec.tokenizer.name} sha256:{spec.tokenizer.sha256[:12]}"
+        f" vocab {spec.tokenizer.vocab_size}",
+        highlight=False,
+    )
+    console.print(
+        f"  context       {spec.context_mode}, width {spec.context_width}, dedup {spec.dedup}",
+        highlight=False,
+    )
+    console.print(
+        f"  spec version  {spec.spec_version}, min scored tokens {spec.min_scored_tokens}", highlight=False
+    )
+    console.print(f"  created       {info.created_at:%Y-%m-%d %H:%M:%S}Z", highlight=False)
+    if info.rotated_at:
+        console.print(
+            f"  rotated       {info.rotated_at:%Y-%m-%d %H:%M:%S}Z -> {info.replaced_by}", highlight=False
+        )
+    if info.revoked_at:
+        console.print(f"  revoked       {info.revoked_at:%Y-%m-%d %H:%M:%S}Z", highlight=False)
+
+
+@app.command()
+def create(
+    name: Annotated[str, typer.Argument(help="A name for the key (e.g. the model or product it marks).")],
+    tokenizer: Annotated[
+        str,
+        typer.Option(
+            help="'embedded' (the default model pair's), a tokenizer.json path, or a local HF model dir."
+        ),
+    ] = "embedded",
+    context_width: Annotated[
+        int, typer.Option(min=1, max=16, help="Previous tokens hashed into each position's label.")
+    ] = 4,
+    context_mode: Annotated[
+        str,
+        typer.Option(help="'window' (default) or 'prefix' (paper replication; needs the prompt to detect)."),
+    ] = "window",
+    min_scored_tokens: Annotated[
+        int, typer.Option(min=1, help="Fewer scored tokens than this give 'insufficient_evidence'.")
+    ] = 16,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a key with a fresh random secret; prints its id."""
+    data, tok_name = read_tokenizer_source(tokenizer, embedded=embedded_tokenizer_loader())
+    registry = open_registry()
+    ref = registry.add_tokenizer(data, tok_name)
+    info = registry.create_key(
+        name, ref, context_width=context_width, context_mode=context_mode, min_scored_tokens=min_scored_tokens
+    )
+    if as_json:
+        print_json(info.to_dict())
+    else:
+        typer.echo(info.key_id)
+
+
+@app.command("list")
+def list_keys(
+    status: Annotated[
+        str | None, typer.Option(help="Only keys with this status: active, retired or revoked.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List keys, oldest first."""
+    if status not in (None, "active", "retired", "revoked"):
+        raise typer.BadParameter("status must be active, retired or revoked", param_hint="--status")
+    infos = open_registry().list_keys(status)  # type: ignore[arg-type]  # checked above
+    if as_json:
+        for info in infos:
+            print_json(info.to_dict())
+        return
+    table = Table("key id", "name", "status", "fingerprint", "tokenizer", "h", "created")
+    for i in infos:
+        table.add_row(
+            i.key_id,
+            i.name,
+            i.status,
+            i.fingerprint,
+            i.spec.tokenizer.name,
+            str(i.spec.context_width),
+            f"{i.created_at:%Y-%m-%d %H:%M}",
+        )
+    console.print(table)
+
+
+@app.command()
+def show(key_id: Annotated[str, typer.Argument(help="The key's id.")], as_json: JsonOpt = False) -> None:
+    """Show one key (never its secret)."""
+    _show(open_registry().get(key_id), as_json)
+
+
+@app.command()
+def rotate(
+    key_id: Annotated[str, typer.Argument(help="The active key to replace.")], as_json: JsonOpt = False
+) -> None:
+    """Replace a key with a new one; the old key is retired (still detected). Prints the new id."""
+    info = open_registry().rotate(key_id)
+    if as_json:
+        print_json(info.to_dict())
+    else:
+        typer.echo(info.key_id)
+
+
+@app.command()
+def revoke(
+    key_id: Annotated[str, typer.Argument(help="The key to revoke.")], as_json: JsonOpt = False
+) -> None:
+    """Revoke a key: it neither generates nor detects any more."""
+    info = open_registry().revoke(key_id)
+    _show(info, as_json)

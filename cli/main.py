@@ -1,0 +1,45 @@
+"""The `wmark` command: one root Typer app; each command group lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from wmark import __version__
+from wmark.cli import detect as detect_cmd
+from wmark.cli import keys as keys_cmd
+from wmark.cli.common import WmarkGroup
+
+app = typer.Typer(
+    name="wmark",
+    cls=WmarkGroup,
+    help="Watermark LLM text with speculative decoding, and detect it with exact p-values.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # locals may hold secrets
+    add_completion=False,
+)
+app.add_typer(keys_cmd.app, name="keys")
+app.command("detect")(detect_cmd.detect)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"wmark {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Watermark LLM text with speculative decoding, and detect it with exact p-values.
+
+    Data (keys database, master key, model cache) lives in $WMARK_HOME; set WMARK_DATABASE_URL
+    for PostgreSQL and WMARK_MASTER_KEY to keep the master key out of the data directory.
+    """
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,285 @@
+"""Detection: tokenise, find scored positions, replay the keyed clocks, exact p-value, verdict.
+
+Pure numpy after tokenisation: no model weights. Several keys are tested at once with Holm's
+correction, so a text is flagged only if the family-wise error over all keys stays at alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from wmark.contexts import scored_positions
+from wmark.detector.result import Detection, KeyResult, TokenEvidence, Verdict
+from wmark.detector.tokenize import TextTokenizer
+from wmark.errors import InputError, InsufficientTextError, TokenizerError
+from wmark.keymaterial import KeyMaterial
+from wmark.prf import KeyedSource
+from wmark.scoring import log_gamma_sf
+
+__all__ = ["Detector", "KeyPivots", "detect", "holm_adjust", "key_pivots"]
+
+TokenizerLookup = Callable[[str], bytes]
+
+
+@dataclass(frozen=True)
+class KeyPivots:
+    """Scored positions of a sequence under one key, and their pivots U(y_t, 1)."""
+
+    positions: npt.NDArray[np.int64]
+    pivots: npt.NDArray[np.float64]
+
+
+def key_pivots(
+    token_ids: npt.NDArray[np.uint32], source: KeyedSource, *, start: int = 0, threads: int = 1
+) -> KeyPivots:
+    """Pivots of every scored position of `token_ids` under one key.
+
+    Args:
+        token_ids: (n,) token IDs; with the prompt in front when start > 0.
+        source: the key's clocks.
+        start: first position that may be scored (the prompt length, or 0 for answer-only text).
+        threads: threads for the pivot computation (long texts).
+    """
+    spec = source.spec
+    if spec.context_mode == "prefix":
+        positions = np.arange(start, len(token_ids), dtype=np.int64)
+        return KeyPivots(positions, source.prefix_pivots(token_ids.tolist(), start))
+    sp = scored_positions(token_ids, spec.context_width, start)
+    return KeyPivots(sp.positions, source.window_pivots(sp.windows, token_ids[sp.positions], threads=threads))
+
+
+def holm_adjust(log_ps: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted log p-values, in the input order."""
+    m = len(log_ps)
+    order = sorted(range(m), key=lambda i: log_ps[i])
+    adjusted = [0.0] * m
+    running = -math.inf
+    for rank, i in enumerate(order):
+        running = max(running, min(0.0, math.log(m - rank) + log_ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+class Detector:
+    """Detects texts or token IDs against a fixed set of keys.
+
+    Build it once (tokenizers are parsed and HMAC keys prepared here), then call `detect` for
+    each text. Keys with different tokenizers may be mixed: each text is tokenised once per
+    distinct tokenizer.
+
+    Args:
+        keys: the keys to test (active and retired ones; revoked keys must not be passed).
+        tokenizers: tokenizer.json bytes by SHA-256, as a mapping or a lookup function. Only
+            needed for text input.
+        threads: threads for pivots of long texts.
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[KeyMaterial],
+        tokenizers: Mapping[str, bytes] | TokenizerLookup | None = None,
+        *,
+        threads: int = 1,
+    ) -> None:
+        if not keys:
+            raise InputError("no keys to detect with: create one with `wmark keys create NAME`")
+        self.keys = list(keys)
+        self._sources = {k.key_id: KeyedSource(k.secret, k.spec) for k in self.keys}
+        self._lookup = tokenizers
+        self._tokenizers: dict[str, TextTokenizer] = {}
+        self.threads = threads
+
+    def tokenizer(self, sha256: str) -> TextTokenizer:
+        """The tokenizer with this SHA-256 (loaded once)."""
+        if sha256 not in self._tokenizers:
+            lookup = self._lookup
+            try:
+                if lookup is None:
+                    raise KeyError(sha256)
+                data = lookup[sha256] if isinstance(lookup, Mapping) else lookup(sha256)
+            except KeyError as exc:
+                raise TokenizerError(f"tokenizer {sha256[:12]} is not in the registry") from exc
+            names = {k.spec.tokenizer.name for k in self.keys if k.spec.tokenizer.sha256 == sha256}
+            tok = TextTokenizer(data, next(iter(names), "tokenizer"))
+            if tok.sha256 != sha256:
+                raise TokenizerError(f"tokenizer content does not match its hash {sha256[:12]}")
+            self._tokenizers[sha256] = tok
+        return self._tokenizers[sha256]
+
+    def detect(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Sequence[int] | npt.NDArray[np.integer] | None = None,
+        alpha: float = 0.01,
+        start: int = 0,
+        return_tokens: bool = False,
+        source: str | None = None,
+    ) -> Detection:
+        """Detect one text (or token-ID sequence).
+
+        Args:
+            text: the text; tokenised with each key's tokenizer.
+            token_ids: token IDs instead of text (all keys read them as their tokenizer's IDs).
+            alpha: significance level for the verdict, family-wise over the keys.
+            start: first position that may be scored (give the prompt length when the prompt
+                is included, so positions whose window reaches into it are scored too).
+            return_tokens: include per-token evidence for highlighting.
+            source: label carried into the result (file name, document id).
+
+        Raises:
+            InsufficientTextError: empty text or token list.
+            InputError: bad alpha, bad token IDs, or both/neither of text and token_ids.
+            TokenizerError: a key's tokenizer is missing, or token IDs exceed its vocabulary.
+        """
+        _check_alpha(alpha)
+        if (text is None) == (token_ids is None):
+            raise InputError("give exactly one of text and token_ids")
+        if text is not None:
+            if not text.strip():
+                raise InsufficientTextError("the text is empty")
+            encodings = self._encode(text, with_offsets=return_tokens)
+        else:
+            encodings = {None: (_check_token_ids(token_ids), None)}
+        return self._score(encodings, alpha=alpha, start=start, return_tokens=return_tokens, source=source)
+
+    def detect_many(
+        self, texts: Sequence[str], *, alpha: float = 0.01, sources: Sequence[str | None] | None = None
+    ) -> list[Detection]:
+        """Detect many texts, tokenising them in one parallel batch per tokenizer.
+
+        Empty texts raise `InsufficientTextError`; callers that must not stop filter them first.
+        """
+        _check_alpha(alpha)
+        if any(not t.strip() for t in texts):
+            raise InsufficientTextError("one of the texts is empty")
+        shas = sorted({k.spec.tokenizer.sha256 for k in self.keys})
+        batches = {sha: self.tokenizer(sha).encode_batch(texts) for sha in shas}
+        labels = list(sources) if sources is not None else [None] * len(texts)
+        return [
+            self._score({sha: (batches[sha][i], None) for sha in shas}, alpha=alpha, source=labels[i])
+            for i in range(len(texts))
+        ]
+
+    def _encode(
+        self, text: str, *, with_offsets: bool
+    ) -> dict[str | None, tuple[npt.NDArray[np.uint32], list[tuple[int, int]] | None]]:
+        out: dict[str | None, tuple[npt.NDArray[np.uint32], list[tuple[int, int]] | None]] = {}
+        for sha in sorted({k.spec.tokenizer.sha256 for k in self.keys}):
+            tok = self.tokenizer(sha)
+            out[sha] = tok.encode_with_offsets(text) if with_offsets else (tok.encode(text), None)
+        return out
+
+    def _score(
+        self,
+        encodings: Mapping[str | None, tuple[npt.NDArray[np.uint32], list[tuple[int, int]] | None]],
+        *,
+        alpha: float,
+        start: int = 0,
+        return_tokens: bool = False,
+        source: str | None = None,
+    ) -> Detection:
+        per_key: list[tuple[KeyMaterial, KeyPivots, float, float]] = []
+        for key in self.keys:
+            sha = key.spec.tokenizer.sha256
+            ids, _ = encodings[sha] if sha in encodings else encodings[None]
+            if len(ids) == 0:
+                raise InsufficientTextError("the text has no tokens")
+            if int(ids.max()) >= key.spec.tokenizer.vocab_size:
+                raise TokenizerError(
+                    f"token ID {int(ids.max())} is outside key {key.key_id}'s vocabulary "
+                    f"({key.spec.tokenizer.vocab_size}): the IDs come from another tokenizer"
+                )
+            kp = key_pivots(ids, self._sources[key.key_id], start=start, threads=self.threads)
+            score = float(-np.log1p(-kp.pivots).sum())
+            per_key.append((key, kp, score, log_gamma_sf(len(kp.pivots), score)))
+
+        adjusted = holm_adjust([lp for *_, lp in per_key])
+        results = tuple(
+            KeyResult(key_id=k.key_id, n_scored=len(kp.pivots), score=s, log_p=lp, adjusted_log_p=adj)
+            for (k, kp, s, lp), adj in zip(per_key, adjusted, strict=True)
+        )
+        enough = [len(kp.pivots) >= k.spec.min_scored_tokens for k, kp, *_ in per_key]
+        order = sorted(range(len(per_key)), key=lambda i: adjusted[i])
+        detected = [i for i in order if enough[i] and adjusted[i] <= math.log(alpha)]
+        verdict: Verdict
+        if detected:
+            verdict, best = "watermarked", detected[0]
+        elif not any(enough):
+            verdict, best = "insufficient_evidence", order[0]
+        else:
+            verdict, best = "not_detected", order[0]
+        key, kp, score, _ = per_key[best]
+        sha = key.spec.tokenizer.sha256
+        ids, offsets = encodings[sha] if sha in encodings else encodings[None]
+        return Detection(
+            verdict=verdict,
+            p_value=math.exp(adjusted[best]),
+            log_p=adjusted[best],
+            score=score,
+            n_scored=len(kp.pivots),
+            n_tokens=len(ids),
+            key_id=key.key_id,
+            spec_version=key.spec.spec_version,
+            alpha=alpha,
+            keys=results,
+            tokens=_token_evidence(ids, offsets, kp) if return_tokens else None,
+            source=source,
+        )
+
+
+def _token_evidence(
+    ids: npt.NDArray[np.uint32], offsets: list[tuple[int, int]] | None, kp: KeyPivots
+) -> tuple[TokenEvidence, ...]:
+    pivot_at = dict(zip(kp.positions.tolist(), kp.pivots.tolist(), strict=True))
+    out = []
+    for t, token_id in enumerate(ids.tolist()):
+        u = pivot_at.get(t)
+        span = offsets[t] if offsets is not None else (None, None)
+        out.append(
+            TokenEvidence(
+                token_id=token_id,
+                start=span[0],
+                end=span[1],
+                pivot=u,
+                score=None if u is None else -math.log1p(-u),
+            )
+        )
+    return tuple(out)
+
+
+def _check_alpha(alpha: float) -> None:
+    if not (isinstance(alpha, float | int) and 0.0 < alpha < 1.0):
+        raise InputError(f"alpha must be in (0, 1), got {alpha!r}")
+
+
+def _check_token_ids(token_ids: Sequence[int] | npt.NDArray[np.integer] | None) -> npt.NDArray[np.uint32]:
+    arr = np.asarray(token_ids)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise InputError("token_ids must be a flat list of integers")
+    if arr.size == 0:
+        raise InsufficientTextError("token_ids is empty")
+    if arr.min() < 0 or arr.max() > 0xFFFFFFFF:
+        raise InputError("token IDs must be between 0 and 2^32 - 1")
+    return arr.astype(np.uint32)
+
+
+def detect(
+    text: str | None = None,
+    *,
+    keys: Sequence[KeyMaterial],
+    tokenizers: Mapping[str, bytes] | TokenizerLookup | None = None,
+    token_ids: Sequence[int] | npt.NDArray[np.integer] | None = None,
+    alpha: float = 0.01,
+    start: int = 0,
+    return_tokens: bool = False,
+) -> Detection:
+    """One-shot detection; build a `Detector` instead when detecting many texts."""
+    return Detector(keys, tokenizers).detect(
+        text, token_ids=token_ids, alpha=alpha, start=start, return_tokens=return_tokens
+    )

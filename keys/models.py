@@ -1,0 +1,69 @@
+"""ORM models of the registry (SQLAlchemy 2.0). Schema changes go through Alembic migrations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import DateTime, ForeignKey, Integer, LargeBinary, String, Text, TypeDecorator
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "Key", "Tokenizer", "UTCDateTime", "utcnow"]
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now in UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:  # noqa: ARG002
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime: use wmark.keys.models.utcnow()")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:  # noqa: ARG002
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of all registry tables."""
+
+
+class Tokenizer(Base):
+    """A tokenizer.json, stored so that detection never needs model files."""
+
+    __tablename__ = "tokenizers"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    vocab_size: Mapped[int] = mapped_column(Integer)
+    content: Mapped[bytes] = mapped_column(LargeBinary)  # zlib-compressed tokenizer.json
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Key(Base):
+    """A watermark key: public metadata, spec, and the secret sealed under the master key."""
+
+    __tablename__ = "keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[str] = mapped_column(Text)  # WatermarkSpec.to_json()
+    fingerprint: Mapped[str] = mapped_column(String(16))
+    tokenizer_sha256: Mapped[str] = mapped_column(ForeignKey("tokenizers.sha256"))
+    secret_ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    master_key_id: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    rotated_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    replaces: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    replaced_by: Mapped[str | None] = mapped_column(String(32), nullable=True)

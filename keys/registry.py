@@ -1,0 +1,282 @@
+"""The key registry: create, list, rotate and revoke keys; hand decrypted keys to keyed code.
+
+Secrets are generated here, sealed under the master key before they touch the database, and
+leave only as `KeyMaterial` (whose `Secret` is redacted in any repr). `KeyInfo` is the public
+view: everything but the secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+from tokenizers import Tokenizer as TokenizersTokenizer
+
+from wmark.errors import InputError, KeyNotFoundError, KeyRevokedError, MasterKeyError, TokenizerError
+from wmark.keymaterial import KeyMaterial, KeyStatus
+from wmark.keys.config import RegistryConfig
+from wmark.keys.crypto import MasterKey
+from wmark.keys.db import make_engine, make_sessionmaker, upgrade
+from wmark.keys.models import Key, Tokenizer, utcnow
+from wmark.secret import Secret
+from wmark.spec import TokenizerRef, WatermarkSpec
+
+__all__ = ["KeyInfo", "KeyRegistry"]
+
+SECRET_BYTES = 32
+_MAX_NAME = 200
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyInfo:
+    """Public view of a key (no secret, ever)."""
+
+    key_id: str
+    name: str
+    status: KeyStatus
+    fingerprint: str
+    spec: WatermarkSpec
+    created_at: datetime
+    rotated_at: datetime | None
+    revoked_at: datetime | None
+    replaces: str | None
+    replaced_by: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "key_id": self.key_id,
+            "name": self.name,
+            "status": self.status,
+            "fingerprint": self.fingerprint,
+            "spec": self.spec.to_dict(),
+            "created_at": self.created_at.isoformat(),
+            "rotated_at": self.rotated_at.isoformat() if self.rotated_at else None,
+            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+            "replaces": self.replaces,
+            "replaced_by": self.replaced_by,
+        }
+
+
+def _info(row: Key) -> KeyInfo:
+    return KeyInfo(
+        key_id=row.id,
+        name=row.name,
+        status=row.status,  # type: ignore[arg-type]  # constrained by the registry's writes
+        fingerprint=row.fingerprint,
+        spec=WatermarkSpec.from_json(row.spec),
+        created_at=row.created_at,
+        rotated_at=row.rotated_at,
+        revoked_at=row.revoked_at,
+        replaces=row.replaces,
+        replaced_by=row.replaced_by,
+    )
+
+
+class KeyRegistry:
+    """Keys and tokenizers in SQL.
+
+    Args:
+        engine: a migrated database engine.
+        master_key: the key that seals secrets.
+    """
+
+    def __init__(self, engine: Engine, master_key: MasterKey) -> None:
+        self.engine = engine
+        self.master_key = master_key
+        self.sessions: sessionmaker[Session] = make_sessionmaker(engine)
+
+    @classmethod
+    def open(cls, config: RegistryConfig, *, migrate: bool = True) -> KeyRegistry:
+        """Open (and by default migrate) the registry that `config` points at."""
+        master_key = MasterKey.load(config)
+        engine = make_engine(config.database_url)
+        try:
+            if migrate:
+                upgrade(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, master_key)
+
+    def close(self) -> None:
+        """Release database connections."""
+        self.engine.dispose()
+
+    def __enter__(self) -> KeyRegistry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"KeyRegistry({self.engine.url.render_as_string(hide_password=True)})"
+
+    # tokenizers -----------------------------------------------------------------------------
+
+    def add_tokenizer(self, json_bytes: bytes, name: str) -> TokenizerRef:
+        """Store a tokenizer.json (idempotent by content hash) and return its reference."""
+        try:
+            vocab_size = TokenizersTokenizer.from_str(json_bytes.decode("utf-8")).get_vocab_size(
+                with_added_tokens=True
+            )
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise TokenizerError(f"not a usable tokenizer.json: {exc}") from exc
+        ref = TokenizerRef(
+            name=name[:_MAX_NAME], sha256=hashlib.sha256(json_bytes).hexdigest(), vocab_size=vocab_size
+        )
+        with self.sessions.begin() as session:
+            stored = session.get(Tokenizer, ref.sha256)
+            if stored is None:
+                session.add(
+                    Tokenizer(
+                        sha256=ref.sha256,
+                        name=ref.name,
+                        vocab_size=ref.vocab_size,
+                        content=zlib.compress(json_bytes, 6),
+                        created_at=utcnow(),
+                    )
+                )
+            else:  # keep the name it was first stored under
+                ref = TokenizerRef(name=stored.name, sha256=stored.sha256, vocab_size=stored.vocab_size)
+        return ref
+
+    def tokenizer_json(self, sha256: str) -> bytes:
+        """The stored tokenizer.json with this SHA-256."""
+        with self.sessions() as session:
+            row = session.get(Tokenizer, sha256)
+            if row is None:
+                raise TokenizerError(f"tokenizer {sha256[:12]} is not in the registry")
+            return zlib.decompress(row.content)
+
+    # keys -----------------------------------------------------------------------------------
+
+    def create_key(
+        self,
+        name: str,
+        tokenizer: TokenizerRef,
+        *,
+        context_width: int = 4,
+        context_mode: str = "window",
+        min_scored_tokens: int = 16,
+    ) -> KeyInfo:
+        """Create an active key with a fresh random secret bound to `tokenizer`."""
+        name = name.strip()
+        if not name or len(name) > _MAX_NAME:
+            raise InputError(f"a key name must be 1..{_MAX_NAME} characters")
+        spec = WatermarkSpec(
+            tokenizer=tokenizer,
+            context_width=context_width,
+            context_mode=context_mode,  # type: ignore[arg-type]  # validated by WatermarkSpec
+            min_scored_tokens=min_scored_tokens,
+        )
+        with self.sessions.begin() as session:
+            if session.get(Tokenizer, tokenizer.sha256) is None:
+                raise TokenizerError("add the tokenizer to the registry before creating a key with it")
+            row = self._new_key(session, name, spec)
+            return _info(row)
+
+    def _new_key(self, session: Session, name: str, spec: WatermarkSpec) -> Key:
+        key_id = "wk_" + secrets.token_hex(6)
+        secret = Secret(os.urandom(SECRET_BYTES))
+        row = Key(
+            id=key_id,
+            name=name,
+            status="active",
+            spec=spec.to_json(),
+            fingerprint=secret.fingerprint(),
+            tokenizer_sha256=spec.tokenizer.sha256,
+            secret_ciphertext=self.master_key.seal(secret.reveal(), key_id.encode()),
+            master_key_id=self.master_key.key_id,
+            created_at=utcnow(),
+        )
+        session.add(row)
+        session.flush()
+        return row
+
+    def list_keys(self, status: KeyStatus | None = None) -> list[KeyInfo]:
+        """Keys, oldest first, optionally of one status."""
+        with self.sessions() as session:
+            query = select(Key).order_by(Key.created_at, Key.id)
+            if status is not None:
+                query = query.where(Key.status == status)
+            return [_info(row) for row in session.scalars(query)]
+
+    def get(self, key_id: str) -> KeyInfo:
+        """One key's public view."""
+        with self.sessions() as session:
+            return _info(self._row(session, key_id))
+
+    def rotate(self, key_id: str) -> KeyInfo:
+        """Create a successor with the same name and spec; the old key is retired (detect only)."""
+        with self.sessions.begin() as session:
+            old = self._row(session, key_id, for_update=True)
+            if old.status != "active":
+                raise KeyRevokedError(f"key {key_id} is {old.status}; only an active key can be rotated")
+            new = self._new_key(session, old.name, WatermarkSpec.from_json(old.spec))
+            new.replaces = old.id
+            old.status = "retired"
+            old.rotated_at = utcnow()
+            old.replaced_by = new.id
+            return _info(new)
+
+    def revoke(self, key_id: str) -> KeyInfo:
+        """Revoke a key: it no longer generates nor detects. Idempotent."""
+        with self.sessions.begin() as session:
+            row = self._row(session, key_id, for_update=True)
+            if row.status != "revoked":
+                row.status = "revoked"
+                row.revoked_at = utcnow()
+            return _info(row)
+
+    def material(self, key_id: str, *, for_generation: bool = False) -> KeyMaterial:
+        """The decrypted key. Revoked keys are refused; retired keys only detect."""
+        with self.sessions() as session:
+            row = self._row(session, key_id)
+            if row.status == "revoked":
+                raise KeyRevokedError(f"key {key_id} is revoked")
+            if for_generation and row.status != "active":
+                raise KeyRevokedError(
+                    f"key {key_id} is retired (rotated to {row.replaced_by}); generate with that one"
+                )
+            return self._unseal(row)
+
+    def detection_keys(self, key_ids: Sequence[str] | None = None) -> list[KeyMaterial]:
+        """Keys to detect with: the given ones, or every active and retired key."""
+        if key_ids:
+            return [self.material(k) for k in dict.fromkeys(key_ids)]
+        with self.sessions() as session:
+            rows = session.scalars(
+                select(Key).where(Key.status != "revoked").order_by(Key.created_at, Key.id)
+            )
+            return [self._unseal(row) for row in rows]
+
+    def _unseal(self, row: Key) -> KeyMaterial:
+        if row.master_key_id != self.master_key.key_id:
+            raise MasterKeyError(
+                f"key {row.id} was sealed under master key {row.master_key_id}, "
+                f"but the configured master key is {self.master_key.key_id}"
+            )
+        secret = Secret(self.master_key.open(row.secret_ciphertext, row.id.encode()))
+        status: KeyStatus = "active" if row.status == "active" else "retired"
+        return KeyMaterial(
+            key_id=row.id, secret=secret, spec=WatermarkSpec.from_json(row.spec), status=status
+        )
+
+    @staticmethod
+    def _row(session: Session, key_id: str, *, for_update: bool = False) -> Key:
+        query = select(Key).where(Key.id == key_id)
+        if for_update:
+            query = query.with_for_update()
+        row = session.scalars(query).first()
+        if row is None:
+            raise KeyNotFoundError(f"no key with id {key_id!r} (see `wmark keys list`)")
+        return row
