@@ -9,9 +9,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, fail, open_registry, print_json
 from wmark.detector import Detection, Detector
 from wmark.errors import InputError
+from wmark.keys.audit import detection_entry, text_digest
 
 
 def _read(source: str) -> str:
@@ -52,7 +54,7 @@ def detect(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per input on stdout.")] = False,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every input is watermarked.")] = False,
 ) -> None:
-    """Detect the watermark in text files, with exact p-values (no model needed).
+    """Detect the watermark in text files, with exact p-values (no model needed); each answer is audited.
 
     \b
     Examples:
@@ -70,6 +72,18 @@ def detect(
         detector.detect(t, alpha=alpha, source=s if s != "-" else "stdin")
         for s, t in zip(sources, texts, strict=True)
     ]
+    actor, tested = cli_actor(), [k.key_id for k in detector.keys]
+    registry.audit.append(  # one row per input, like the service; the text itself is never stored
+        *(
+            detection_entry(
+                actor=actor,
+                key_ids=tested,
+                text_sha256=text_digest(t),
+                detection=r.to_dict(include_tokens=False),
+            )
+            for t, r in zip(texts, results, strict=True)
+        )
+    )
     if as_json:
         for r in results:
             print_json(r.to_dict(include_tokens=False))

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, embedded_tokenizer_loader, open_registry, print_json
 from wmark.detector.tokenize import read_tokenizer_source
 from wmark.keys import KeyInfo
@@ -72,7 +73,12 @@ def create(
     registry = open_registry()
     ref = registry.add_tokenizer(data, tok_name)
     info = registry.create_key(
-        name, ref, context_width=context_width, context_mode=context_mode, min_scored_tokens=min_scored_tokens
+        name,
+        ref,
+        context_width=context_width,
+        context_mode=context_mode,
+        min_scored_tokens=min_scored_tokens,
+        actor=cli_actor(),
     )
     if as_json:
         print_json(info.to_dict())
@@ -120,7 +126,7 @@ def rotate(
     key_id: Annotated[str, typer.Argument(help="The active key to replace.")], as_json: JsonOpt = False
 ) -> None:
     """Replace a key with a new one; the old key is retired (still detected). Prints the new id."""
-    info = open_registry().rotate(key_id)
+    info = open_registry().rotate(key_id, actor=cli_actor())
     if as_json:
         print_json(info.to_dict())
     else:
@@ -132,5 +138,5 @@ def revoke(
     key_id: Annotated[str, typer.Argument(help="The key to revoke.")], as_json: JsonOpt = False
 ) -> None:
     """Revoke a key: it neither generates nor detects any more."""
-    info = open_registry().revoke(key_id)
+    info = open_registry().revoke(key_id, actor=cli_actor())
     _show(info, as_json)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import typer
 
 from wmark import __version__
+from wmark.cli import audit as audit_cmd
 from wmark.cli import detect as detect_cmd
 from wmark.cli import keys as keys_cmd
+from wmark.cli import serve as serve_cmd
+from wmark.cli import tokens as tokens_cmd
 from wmark.cli.common import WmarkGroup
 
 app = typer.Typer(
@@ -19,6 +22,10 @@ app = typer.Typer(
 )
 app.add_typer(keys_cmd.app, name="keys")
 app.command("detect")(detect_cmd.detect)
+app.add_typer(audit_cmd.app, name="audit")
+app.add_typer(tokens_cmd.app, name="tokens")
+app.command("serve")(serve_cmd.serve)
+app.command("migrate")(serve_cmd.migrate)
 
 
 def _version(value: bool) -> None:

@@ -1,14 +1,17 @@
-"""ORM models of the registry (SQLAlchemy 2.0). Schema changes go through Alembic migrations."""
+"""ORM models of the registry (SQLAlchemy 2.0): tokenizers, keys, API tokens and the audit log.
+
+Schema changes go through Alembic migrations (keys/migrations/versions).
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, ForeignKey, Integer, LargeBinary, String, Text, TypeDecorator
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Integer, LargeBinary, String, Text, TypeDecorator
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Key", "Tokenizer", "UTCDateTime", "utcnow"]
+__all__ = ["ApiToken", "AuditEvent", "AuditHead", "Base", "Key", "Tokenizer", "UTCDateTime", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -67,3 +70,47 @@ class Key(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     replaces: Mapped[str | None] = mapped_column(String(32), nullable=True)
     replaced_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+# SQLite only auto-assigns INTEGER PRIMARY KEY, PostgreSQL wants BIGINT for a log that keeps growing.
+_BigInt = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class ApiToken(Base):
+    """A bearer token of the service: only the SHA-256 of the token is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    token_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(200))
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class AuditEvent(Base):
+    """One row of the hash-chained audit log (see wmark.keys.audit for the chain rule)."""
+
+    __tablename__ = "audit_log"
+
+    seq: Mapped[int] = mapped_column(_BigInt, primary_key=True, autoincrement=False)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(32), index=True)
+    key_ids: Mapped[str] = mapped_column(Text)  # canonical JSON list
+    text_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    result: Mapped[str] = mapped_column(Text)  # canonical JSON object
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    row_hash: Mapped[str] = mapped_column(String(64))
+
+
+class AuditHead(Base):
+    """The chain head (one row, id 1): writers lock it, and verify checks the log ends there."""
+
+    __tablename__ = "audit_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(_BigInt)
+    row_hash: Mapped[str] = mapped_column(String(64))

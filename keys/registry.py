@@ -2,7 +2,8 @@
 
 Secrets are generated here, sealed under the master key before they touch the database, and
 leave only as `KeyMaterial` (whose `Secret` is redacted in any repr). `KeyInfo` is the public
-view: everything but the secret.
+view: everything but the secret. Every key change is written to the audit log in the same
+transaction as the change; the registry also hands out the database's `AuditLog` and `TokenStore`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from tokenizers import Tokenizer as TokenizersTokenizer
 
 from wmark.errors import InputError, KeyNotFoundError, KeyRevokedError, MasterKeyError, TokenizerError
 from wmark.keymaterial import KeyMaterial, KeyStatus
+from wmark.keys.audit import AuditEntry, AuditLog, write_transaction
 from wmark.keys.config import RegistryConfig
 from wmark.keys.crypto import MasterKey
 from wmark.keys.db import make_engine, make_sessionmaker, upgrade
 from wmark.keys.models import Key, Tokenizer, utcnow
+from wmark.keys.tokens import TokenStore
 from wmark.secret import Secret
 from wmark.spec import TokenizerRef, WatermarkSpec
 
@@ -33,6 +36,7 @@ __all__ = ["KeyInfo", "KeyRegistry"]
 
 SECRET_BYTES = 32
 _MAX_NAME = 200
+LOCAL_ACTOR = "local"  # actor of key changes made without saying who (library calls)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +97,8 @@ class KeyRegistry:
         self.engine = engine
         self.master_key = master_key
         self.sessions: sessionmaker[Session] = make_sessionmaker(engine)
+        self.audit = AuditLog(self.sessions)
+        self.tokens = TokenStore(self.sessions)
 
     @classmethod
     def open(cls, config: RegistryConfig, *, migrate: bool = True) -> KeyRegistry:
@@ -149,6 +155,14 @@ class KeyRegistry:
                 ref = TokenizerRef(name=stored.name, sha256=stored.sha256, vocab_size=stored.vocab_size)
         return ref
 
+    def tokenizer_ref(self, sha256: str) -> TokenizerRef:
+        """The reference of a stored tokenizer (what `add_tokenizer` returned for it)."""
+        with self.sessions() as session:
+            row = session.get(Tokenizer, sha256)
+            if row is None:
+                raise TokenizerError(f"tokenizer {sha256[:12]} is not in the registry")
+            return TokenizerRef(name=row.name, sha256=row.sha256, vocab_size=row.vocab_size)
+
     def tokenizer_json(self, sha256: str) -> bytes:
         """The stored tokenizer.json with this SHA-256."""
         with self.sessions() as session:
@@ -167,8 +181,9 @@ class KeyRegistry:
         context_width: int = 4,
         context_mode: str = "window",
         min_scored_tokens: int = 16,
+        actor: str = LOCAL_ACTOR,
     ) -> KeyInfo:
-        """Create an active key with a fresh random secret bound to `tokenizer`."""
+        """Create an active key with a fresh random secret bound to `tokenizer` (audited as `actor`)."""
         name = name.strip()
         if not name or len(name) > _MAX_NAME:
             raise InputError(f"a key name must be 1..{_MAX_NAME} characters")
@@ -178,10 +193,13 @@ class KeyRegistry:
             context_mode=context_mode,  # type: ignore[arg-type]  # validated by WatermarkSpec
             min_scored_tokens=min_scored_tokens,
         )
-        with self.sessions.begin() as session:
+        if not name.isprintable():
+            raise InputError("a key name must be printable text")
+        with write_transaction(self.sessions) as session:
             if session.get(Tokenizer, tokenizer.sha256) is None:
                 raise TokenizerError("add the tokenizer to the registry before creating a key with it")
             row = self._new_key(session, name, spec)
+            _audit_key_change(session, actor, "key_create", [row])
             return _info(row)
 
     def _new_key(self, session: Session, name: str, spec: WatermarkSpec) -> Key:
@@ -215,9 +233,16 @@ class KeyRegistry:
         with self.sessions() as session:
             return _info(self._row(session, key_id))
 
-    def rotate(self, key_id: str) -> KeyInfo:
+    def key_state(self) -> tuple[tuple[str, str], ...]:
+        """(key_id, status) of every key: changes whenever the set of detection keys does."""
+        with self.sessions() as session:
+            return tuple(
+                (r.id, r.status) for r in session.execute(select(Key.id, Key.status).order_by(Key.id))
+            )
+
+    def rotate(self, key_id: str, *, actor: str = LOCAL_ACTOR) -> KeyInfo:
         """Create a successor with the same name and spec; the old key is retired (detect only)."""
-        with self.sessions.begin() as session:
+        with write_transaction(self.sessions) as session:
             old = self._row(session, key_id, for_update=True)
             if old.status != "active":
                 raise KeyRevokedError(f"key {key_id} is {old.status}; only an active key can be rotated")
@@ -226,15 +251,17 @@ class KeyRegistry:
             old.status = "retired"
             old.rotated_at = utcnow()
             old.replaced_by = new.id
+            _audit_key_change(session, actor, "key_rotate", [old, new])
             return _info(new)
 
-    def revoke(self, key_id: str) -> KeyInfo:
-        """Revoke a key: it no longer generates nor detects. Idempotent."""
-        with self.sessions.begin() as session:
+    def revoke(self, key_id: str, *, actor: str = LOCAL_ACTOR) -> KeyInfo:
+        """Revoke a key: it no longer generates nor detects. Idempotent (audited the first time)."""
+        with write_transaction(self.sessions) as session:
             row = self._row(session, key_id, for_update=True)
             if row.status != "revoked":
                 row.status = "revoked"
                 row.revoked_at = utcnow()
+                _audit_key_change(session, actor, "key_revoke", [row])
             return _info(row)
 
     def material(self, key_id: str, *, for_generation: bool = False) -> KeyMaterial:
@@ -280,3 +307,11 @@ class KeyRegistry:
         if row is None:
             raise KeyNotFoundError(f"no key with id {key_id!r} (see `wmark keys list`)")
         return row
+
+
+def _audit_key_change(session: Session, actor: str, action: str, rows: Sequence[Key]) -> None:
+    session.flush()
+    result = {"keys": [{"key_id": r.id, "status": r.status, "fingerprint": r.fingerprint} for r in rows]}
+    AuditLog.append_in(
+        session, [AuditEntry(actor=actor, action=action, key_ids=tuple(r.id for r in rows), result=result)]
+    )

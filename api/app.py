@@ -1,0 +1,75 @@
+"""The app factory: `create_app(settings)` wires settings, registry, routes, limits and metrics.
+
+Nothing is built at import time. The registry (engine, master key) is opened in the lifespan,
+once per worker process; `uvicorn --factory wmark.api:create_app` or `wmark serve` run it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from wmark import __version__
+from wmark.api import audit_routes, detect_routes, health_routes, key_routes, page
+from wmark.api.deps import Service
+from wmark.api.detectors import DetectorCache
+from wmark.api.errors import install_error_handlers
+from wmark.api.limits import BodyLimitMiddleware, RateLimiter
+from wmark.api.metrics import Metrics, MetricsMiddleware
+from wmark.api.settings import Settings
+from wmark.keys import KeyRegistry
+
+__all__ = ["create_app"]
+
+_DESCRIPTION = """\
+Detects wmark watermarks with exact p-values, and keeps a hash-chained audit log of every answer.
+
+Authenticate with `Authorization: Bearer <token>` (tokens from `wmark tokens create --role ROLE`).
+Roles: `detector` (POST /v1/detect*), `auditor` (GET /v1/audit*, /metrics), `admin` (/v1/keys*,
+and everything the other roles may do). Errors are JSON `{"code", "message"}`.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service.
+
+    Args:
+        settings: the settings; default `Settings.from_env()`.
+    """
+    settings = settings if settings is not None else Settings.from_env()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        registry = await run_in_threadpool(KeyRegistry.open, settings.registry, migrate=settings.migrate)
+        app.state.service = Service(
+            settings=settings,
+            registry=registry,
+            detectors=DetectorCache(registry, on_build=metrics.detector_builds.inc),
+            limiter=RateLimiter(settings.rate_per_second, settings.rate_burst),
+            auth_limiter=RateLimiter(settings.auth_fail_per_second, settings.auth_fail_burst),
+            metrics=metrics,
+        )
+        try:
+            yield
+        finally:
+            registry.close()
+
+    app = FastAPI(
+        title="wmark detection service",
+        version=__version__,
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs" if settings.docs else None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if settings.docs else None,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees 413s too
+    for module in (detect_routes, key_routes, audit_routes, health_routes, page):
+        app.include_router(module.router)
+    return app

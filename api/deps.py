@@ -1,0 +1,112 @@
+"""Request dependencies: the service state, bearer-token authentication, roles and rate limits.
+
+Every rejected request (no token, bad token, wrong role) is written to the audit log as
+`auth_failed`, unless its client address is past the failed-authentication rate limit (then it is
+answered 429 and only counted in the metrics, so a flood cannot fill the log).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, NoReturn
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from wmark.api.detectors import DetectorCache
+from wmark.api.errors import Forbidden, RateLimited
+from wmark.api.limits import RateLimiter
+from wmark.api.metrics import Metrics
+from wmark.api.settings import Settings
+from wmark.keys import KeyRegistry
+from wmark.keys.audit import AuditEntry
+from wmark.keys.tokens import Role, TokenInfo, TokenRejected
+
+__all__ = ["AdminToken", "AuditorToken", "DetectorToken", "Service", "ServiceDep", "get_service"]
+
+log = logging.getLogger("wmark.api")
+
+_bearer = HTTPBearer(auto_error=False, description="An API token from `wmark tokens create --role ROLE`.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Service:
+    """What the routes share, built once per process in the app's lifespan."""
+
+    settings: Settings
+    registry: KeyRegistry
+    detectors: DetectorCache
+    limiter: RateLimiter
+    auth_limiter: RateLimiter
+    metrics: Metrics
+
+
+def get_service(request: Request) -> Service:
+    """The service state of the app handling `request`."""
+    service: Service = request.app.state.service
+    return service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def _reject(
+    service: Service, request: Request, reason: str, token_id: str | None, error: Exception
+) -> NoReturn:
+    service.metrics.auth_failures.labels(reason).inc()
+    client = request.client.host if request.client else "unknown"
+    wait = service.auth_limiter.acquire(client)
+    if wait > 0:
+        raise RateLimited(wait) from None
+    log.info("rejected %s %s: %s (token id %s)", request.method, request.url.path, reason, token_id or "-")
+    service.registry.audit.append(
+        AuditEntry(
+            actor=f"token:{token_id}" if token_id else "anonymous",
+            action="auth_failed",
+            result={
+                "reason": reason,
+                "status": 403 if isinstance(error, Forbidden) else 401,
+                "method": request.method,
+                "path": request.url.path[:200],
+                "client": client,
+            },
+        )
+    )
+    raise error
+
+
+def require(role: Role) -> Callable[..., TokenInfo]:
+    """A dependency that admits a valid token allowed to act as `role`, within its rate limit."""
+
+    def dependency(
+        request: Request,
+        service: ServiceDep,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> TokenInfo:
+        token = credentials.credentials if credentials is not None else None
+        try:
+            info = service.registry.tokens.authenticate(token)
+        except TokenRejected as exc:
+            _reject(service, request, exc.reason, exc.token_id, exc)
+        if not info.allows(role):
+            _reject(
+                service,
+                request,
+                "forbidden",
+                info.token_id,
+                Forbidden(f"this token's role ({info.role}) may not do this; it needs {role}"),
+            )
+        wait = service.limiter.acquire(info.token_id)
+        if wait > 0:
+            raise RateLimited(wait)
+        return info
+
+    dependency.__name__ = f"require_{role}"
+    return dependency
+
+
+DetectorToken = Annotated[TokenInfo, Depends(require("detector"))]
+AdminToken = Annotated[TokenInfo, Depends(require("admin"))]
+AuditorToken = Annotated[TokenInfo, Depends(require("auditor"))]

@@ -1,0 +1,109 @@
+"""POST /v1/detect and /v1/detect/batch: verdicts with exact p-values, each one audited.
+
+Detection is CPU-bound, so these are plain `def` endpoints: FastAPI runs them in its thread
+pool and the event loop stays free. The detector comes from the per-process cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter
+
+from wmark.api.deps import DetectorToken, Service, ServiceDep
+from wmark.api.errors import TextTooLong
+from wmark.api.schemas import BatchRequest, BatchResponse, DetectItem, DetectRequest, DetectResponse
+from wmark.detector import Detection, Detector
+from wmark.keys.audit import AuditEntry, detection_entry, text_digest
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["detect"])
+
+
+def input_digest(item: DetectItem) -> str:
+    """SHA-256 of the text, or of the token IDs as comma-separated decimals."""
+    if item.text is not None:
+        return text_digest(item.text)
+    ids = item.token_ids or []
+    return hashlib.sha256(",".join(str(i) for i in ids).encode("ascii")).hexdigest()
+
+
+def _check_size(service: Service, items: Sequence[DetectItem]) -> None:
+    limit = service.settings.max_text_chars
+    if len(items) > service.settings.max_batch_items:
+        raise TextTooLong(f"a batch may hold at most {service.settings.max_batch_items} items")
+    for i, item in enumerate(items):
+        size = len(item.text) if item.text is not None else len(item.token_ids or [])
+        if size > limit:
+            where = f"item {i}: " if len(items) > 1 else ""
+            unit = "characters" if item.text is not None else "token IDs"
+            raise TextTooLong(f"{where}the input has {size} {unit}; the limit is {limit}")
+
+
+def _run(detector: Detector, item: DetectItem, *, alpha: float, return_tokens: bool) -> Detection:
+    if item.text is not None:
+        return detector.detect(item.text, alpha=alpha, return_tokens=return_tokens, source=item.source)
+    return detector.detect(
+        token_ids=item.token_ids, alpha=alpha, return_tokens=return_tokens, source=item.source
+    )
+
+
+def _entry(actor: str, item: DetectItem, detector: Detector, detection: Detection) -> AuditEntry:
+    return detection_entry(
+        actor=actor,
+        key_ids=[k.key_id for k in detector.keys],
+        text_sha256=input_digest(item),
+        detection=detection.to_dict(include_tokens=False),
+        input_kind="text" if item.text is not None else "token_ids",
+    )
+
+
+def _detect_all(
+    service: Service,
+    actor: str,
+    items: Sequence[DetectItem],
+    *,
+    key_ids: Sequence[str] | None,
+    alpha: float,
+    return_tokens: bool,
+) -> list[dict[str, Any]]:
+    _check_size(service, items)
+    detector = service.detectors.get(key_ids)
+    detections = [_run(detector, item, alpha=alpha, return_tokens=return_tokens) for item in items]
+    records = service.registry.audit.append(
+        *(_entry(actor, item, detector, d) for item, d in zip(items, detections, strict=True))
+    )
+    out = []
+    for detection, record in zip(detections, records, strict=True):
+        service.metrics.verdicts.labels(detection.verdict).inc()
+        out.append({**detection.to_dict(include_tokens=return_tokens), "audit_seq": record.seq})
+    return out
+
+
+@router.post("/v1/detect", response_model=DetectResponse, summary="Detect one text or token-ID list")
+def detect(body: DetectRequest, token: DetectorToken, service: ServiceDep) -> dict[str, Any]:
+    """Test a text (or token IDs) against every active and retired key, or the `key_ids` given.
+
+    The verdict is "watermarked" when the Holm-adjusted p-value of some key is at most `alpha`.
+    The text itself is never stored: the audit log keeps its SHA-256.
+    """
+    return _detect_all(
+        service, token.actor, [body], key_ids=body.key_ids, alpha=body.alpha, return_tokens=body.return_tokens
+    )[0]
+
+
+@router.post("/v1/detect/batch", response_model=BatchResponse, summary="Detect many inputs")
+def detect_batch(body: BatchRequest, token: DetectorToken, service: ServiceDep) -> dict[str, Any]:
+    """Detect every item with the same keys and alpha; one audit row per item, in order."""
+    results = _detect_all(
+        service,
+        token.actor,
+        body.items,
+        key_ids=body.key_ids,
+        alpha=body.alpha,
+        return_tokens=body.return_tokens,
+    )
+    return {"results": results}

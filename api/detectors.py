@@ -1,0 +1,99 @@
+"""Cached detectors: tokenizers are parsed once per process, detectors rebuilt only when keys change.
+
+Building a `Detector` from the registry decrypts every key, and parsing a tokenizer.json takes
+~0.3 s for a 150k-token vocabulary. The cache compares the registry's (key id, status) list on
+each request (one small query) and rebuilds after any create, rotate or revoke, from any process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from wmark.detector import Detector, TextTokenizer
+from wmark.errors import InputError, TokenizerError
+from wmark.keymaterial import KeyMaterial
+from wmark.keys import KeyRegistry
+
+__all__ = ["DetectorCache"]
+
+_MAX_SUBSETS = 64
+
+
+class _Tokenizers:
+    """Parsed tokenizers by SHA-256, shared by every detector of the process (content-addressed)."""
+
+    def __init__(self, load: Callable[[str], bytes]) -> None:
+        self._load = load
+        self._parsed: dict[str, TextTokenizer] = {}
+        self._lock = threading.Lock()
+
+    def get(self, sha256: str) -> TextTokenizer:
+        with self._lock:
+            tok = self._parsed.get(sha256)
+            if tok is None:
+                tok = TextTokenizer(self._load(sha256), sha256[:12])
+                if tok.sha256 != sha256:
+                    raise TokenizerError(f"tokenizer content does not match its hash {sha256[:12]}")
+                self._parsed[sha256] = tok
+            return tok
+
+
+class _SharedDetector(Detector):
+    """A `Detector` that takes its tokenizers from the process-wide cache."""
+
+    def __init__(self, keys: Sequence[KeyMaterial], tokenizers: _Tokenizers) -> None:
+        super().__init__(keys)
+        self._shared = tokenizers
+
+    def tokenizer(self, sha256: str) -> TextTokenizer:
+        return self._shared.get(sha256)
+
+
+class DetectorCache:
+    """Detectors for all detection keys, or for a requested subset, kept until the keys change.
+
+    Args:
+        registry: the service's registry.
+        on_build: called each time the key set changed and detectors were rebuilt (metrics).
+    """
+
+    def __init__(self, registry: KeyRegistry, on_build: Callable[[], None] | None = None) -> None:
+        self.registry = registry
+        self.builds = 0
+        self._on_build = on_build
+        self._tokenizers = _Tokenizers(registry.tokenizer_json)
+        self._lock = threading.Lock()
+        self._state: tuple[tuple[str, str], ...] | None = None
+        self._keys: dict[str, KeyMaterial] = {}
+        self._subsets: dict[tuple[str, ...], Detector] = {}
+
+    def get(self, key_ids: Sequence[str] | None = None) -> Detector:
+        """The detector for `key_ids` (default: every active and retired key).
+
+        Raises:
+            KeyNotFoundError, KeyRevokedError: a requested key is unknown or revoked.
+            InputError: there is no key to detect with.
+        """
+        state = self.registry.key_state()
+        with self._lock:
+            if state != self._state:
+                self._keys = {k.key_id: k for k in self.registry.detection_keys()}
+                self._subsets.clear()
+                self._state = state
+                self.builds += 1
+                if self._on_build is not None:
+                    self._on_build()
+            wanted = tuple(dict.fromkeys(key_ids)) if key_ids else tuple(self._keys)
+            detector = self._subsets.get(wanted)
+            if detector is None:
+                for key_id in wanted:
+                    if key_id not in self._keys:  # unknown or revoked: raises the precise error
+                        self._keys[key_id] = self.registry.material(key_id)
+                if not wanted:
+                    raise InputError("no keys to detect with: create one with `wmark keys create NAME`")
+                detector = _SharedDetector([self._keys[k] for k in wanted], self._tokenizers)
+                if len(self._subsets) >= _MAX_SUBSETS:
+                    self._subsets.pop(next(iter(self._subsets)))
+                self._subsets[wanted] = detector
+            return detector

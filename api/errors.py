@@ -1,0 +1,124 @@
+"""Errors as JSON `{"code", "message"}` with the right 4xx; anything unexpected is a logged 500.
+
+`WmarkError` subclasses carry their own `code` and `status`; validation errors are 422, bodies
+over the limit 413, rate limits 429 (with Retry-After), bad tokens 401 (with WWW-Authenticate),
+wrong roles 403. The user's input is never echoed into an error message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from wmark.errors import AuthError, InputError, WmarkError
+from wmark.keys.tokens import TokenRejected
+
+__all__ = [
+    "BodyTooLarge",
+    "Forbidden",
+    "RateLimited",
+    "TextTooLong",
+    "error_response",
+    "install_error_handlers",
+]
+
+log = logging.getLogger("wmark.api")
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+}
+
+
+class Forbidden(AuthError):
+    """The token is valid but its role may not do this."""
+
+    code = "forbidden"
+    status = 403
+
+
+class RateLimited(WmarkError):
+    """Too many requests from this token (or failed authentications from this address)."""
+
+    code = "rate_limited"
+    status = 429
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"rate limit exceeded; retry in {retry_after:.1f} s")
+        self.retry_after = retry_after
+
+
+class BodyTooLarge(WmarkError):
+    """The request body is over the configured limit."""
+
+    code = "body_too_large"
+    status = 413
+
+
+class TextTooLong(InputError):
+    """A text, token-ID list or batch is over the configured limit."""
+
+    code = "text_too_long"
+    status = 413
+
+
+def error_response(
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The one error shape of the service."""
+    return JSONResponse({"code": code, "message": message}, status_code=status, headers=dict(headers or {}))
+
+
+def _headers(exc: WmarkError) -> dict[str, str]:
+    if isinstance(exc, TokenRejected):
+        return {"WWW-Authenticate": 'Bearer realm="wmark"'}
+    if isinstance(exc, RateLimited):
+        return {"Retry-After": str(max(1, round(exc.retry_after + 0.5)))}
+    return {}
+
+
+async def _wmark_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, WmarkError)  # registered for WmarkError only
+    if exc.status >= 500:
+        log.error("server-side error: %s: %s", type(exc).__name__, exc)
+    return error_response(exc.status, exc.code, str(exc), _headers(exc))
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    parts = []
+    for err in exc.errors()[:5]:  # never echo `input`: it may be a long text
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return error_response(422, "validation_error", "; ".join(parts) or "invalid request")
+
+
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal_error", "internal error (logged on the server)")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that give every error the `{code, message}` shape."""
+    app.add_exception_handler(WmarkError, _wmark_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

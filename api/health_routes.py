@@ -1,0 +1,44 @@
+"""/healthz (process alive), /readyz (database reachable, schema current) and /metrics (auditor)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from wmark.api.deps import AuditorToken, ServiceDep
+from wmark.api.errors import error_response
+from wmark.api.metrics import CONTENT_TYPE_LATEST
+from wmark.errors import KeyRegistryError
+from wmark.keys.db import head_revision, schema_revision
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness")
+def healthz() -> dict[str, Any]:
+    """The process is up (no database access)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Readiness", responses={503: {"description": "Database unreachable"}})
+def readyz(service: ServiceDep) -> JSONResponse:
+    """The database answers and its schema is this release's."""
+    try:
+        revision = schema_revision(service.registry.engine)
+    except KeyRegistryError:
+        return error_response(503, "not_ready", "the database is unreachable")
+    if revision != head_revision():
+        return error_response(
+            503, "not_ready", f"schema at {revision}, expected {head_revision()}: run wmark migrate"
+        )
+    return JSONResponse({"status": "ready", "schema": revision})
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+def metrics(_token: AuditorToken, service: ServiceDep) -> Response:
+    """Requests, latency, verdicts and auth failures in the Prometheus text format."""
+    return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,60 @@
+"""/v1/keys (admin): list, create, show, rotate and revoke keys. Secrets never appear here.
+
+Key changes are audited by the registry in the same transaction, with the token as the actor.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query
+
+from wmark.api.deps import AdminToken, ServiceDep
+from wmark.api.schemas import KeyCreate, KeyList, KeyPublic
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/keys", tags=["keys"])
+
+KeyIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="The key's id.")]
+
+
+@router.get("", response_model=KeyList, summary="List keys")
+def list_keys(
+    _token: AdminToken,
+    service: ServiceDep,
+    status: Annotated[Literal["active", "retired", "revoked"] | None, Query()] = None,
+) -> dict[str, Any]:
+    """Keys, oldest first, optionally of one status."""
+    return {"keys": [k.to_dict() for k in service.registry.list_keys(status)]}
+
+
+@router.post("", response_model=KeyPublic, status_code=201, summary="Create a key")
+def create_key(body: KeyCreate, token: AdminToken, service: ServiceDep) -> dict[str, Any]:
+    """Create an active key with a fresh secret, bound to a tokenizer already in the registry."""
+    info = service.registry.create_key(
+        body.name,
+        service.registry.tokenizer_ref(body.tokenizer_sha256),  # 422 if it is not stored
+        context_width=body.context_width,
+        min_scored_tokens=body.min_scored_tokens,
+        actor=token.actor,
+    )
+    return info.to_dict()
+
+
+@router.get("/{key_id}", response_model=KeyPublic, summary="Show a key")
+def show_key(key_id: KeyIdPath, _token: AdminToken, service: ServiceDep) -> dict[str, Any]:
+    """One key's public view."""
+    return service.registry.get(key_id).to_dict()
+
+
+@router.post("/{key_id}/rotate", response_model=KeyPublic, summary="Rotate a key")
+def rotate_key(key_id: KeyIdPath, token: AdminToken, service: ServiceDep) -> dict[str, Any]:
+    """Create a successor (returned); the old key is retired and still detected."""
+    return service.registry.rotate(key_id, actor=token.actor).to_dict()
+
+
+@router.post("/{key_id}/revoke", response_model=KeyPublic, summary="Revoke a key")
+def revoke_key(key_id: KeyIdPath, token: AdminToken, service: ServiceDep) -> dict[str, Any]:
+    """Revoke a key: it neither generates nor detects any more (idempotent)."""
+    return service.registry.revoke(key_id, actor=token.actor).to_dict()

@@ -1,0 +1,92 @@
+"""Prometheus metrics: requests by route and status, latency, detections by verdict, auth failures.
+
+With several worker processes (`wmark serve --workers N`), `wmark serve` points
+PROMETHEUS_MULTIPROC_DIR at a fresh directory before the workers start; each worker then writes
+its samples there and `/metrics` sums all workers. With one process, the app keeps its own registry.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsMiddleware"]
+
+_LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The service's metrics (one instance per app)."""
+
+    def __init__(self) -> None:
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        # In multiprocess mode samples go to files and are collected at scrape time, so the
+        # metrics are not registered anywhere; otherwise in a registry of this app alone.
+        self.registry = None if self.multiprocess_dir else CollectorRegistry()
+        self.requests = Counter(
+            "wmark_http_requests",
+            "HTTP requests by method, route template and status",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "wmark_http_request_duration_seconds",
+            "Time from request to the end of the response, by route template",
+            ["method", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.verdicts = Counter(
+            "wmark_detections", "Detections by verdict", ["verdict"], registry=self.registry
+        )
+        self.auth_failures = Counter(
+            "wmark_auth_failures", "Rejected requests by reason", ["reason"], registry=self.registry
+        )
+        self.detector_builds = Counter(
+            "wmark_detector_builds", "Detectors built (after key changes)", registry=self.registry
+        )
+
+    def render(self) -> bytes:
+        """The exposition text (all workers summed in multiprocess mode)."""
+        if self.multiprocess_dir:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
+            return generate_latest(registry)
+        assert self.registry is not None
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request, labelled by the route template (not the raw path)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-content-type-options", b"nosniff"))
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.latency.labels(method, route).observe(time.perf_counter() - started)

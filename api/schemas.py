@@ -1,0 +1,181 @@
+"""Request and response shapes of the REST API (pydantic). `KeyPublic` has no secret field, ever.
+
+Detection responses carry the same fields as `wmark detect --json` (`Detection.to_dict()`), plus
+`audit_seq`, the audit log row that records the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+__all__ = [
+    "AuditEventOut",
+    "AuditPage",
+    "BatchRequest",
+    "BatchResponse",
+    "DetectItem",
+    "DetectRequest",
+    "DetectResponse",
+    "KeyCreate",
+    "KeyList",
+    "KeyPublic",
+    "VerifyOut",
+]
+
+KeyId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
+TokenId = Annotated[int, Field(ge=0, le=2**32 - 1)]
+Alpha = Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)]
+KeyIds = Annotated[list[KeyId], Field(max_length=64)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DetectItem(_Strict):
+    """One input: exactly one of `text` and `token_ids`."""
+
+    text: str | None = Field(None, description="The text to test (UTF-8).")
+    token_ids: list[TokenId] | None = Field(None, description="Token IDs instead of text.")
+    source: Annotated[str, StringConstraints(max_length=200)] | None = Field(
+        None, description="A label echoed back (document id, file name)."
+    )
+
+    @model_validator(mode="after")
+    def _one_input(self) -> DetectItem:
+        if (self.text is None) == (self.token_ids is None):
+            raise ValueError("give exactly one of text and token_ids")
+        if self.text is not None:
+            try:
+                self.text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("text is not valid Unicode (lone surrogate)") from None
+        return self
+
+
+class DetectRequest(DetectItem):
+    """POST /v1/detect."""
+
+    key_ids: KeyIds | None = Field(None, description="Keys to test; default every active and retired key.")
+    alpha: Alpha = Field(0.01, description="Significance level, family-wise over the keys tested.")
+    return_tokens: bool = Field(False, description="Include per-token evidence (pivots) for highlighting.")
+
+
+class BatchRequest(_Strict):
+    """POST /v1/detect/batch: one audit row per item."""
+
+    items: Annotated[list[DetectItem], Field(min_length=1)]
+    key_ids: KeyIds | None = None
+    alpha: Alpha = 0.01
+    return_tokens: bool = False
+
+
+class KeyResultOut(BaseModel):
+    """The test against one key."""
+
+    key_id: str
+    n_scored: int
+    score: float
+    log_p: float
+    adjusted_log_p: float
+    adjusted_p: float
+
+
+class TokenOut(BaseModel):
+    """One token and its evidence: `pivot` is U(y_t, 1), `score` = -ln(1 - pivot); null where unscored."""
+
+    token_id: int
+    start: int | None
+    end: int | None
+    pivot: float | None
+    score: float | None
+
+
+class DetectResponse(BaseModel):
+    """A verdict (the fields of `wmark detect --json`) and the audit row that records it."""
+
+    verdict: Literal["watermarked", "not_detected", "insufficient_evidence"]
+    p_value: float
+    log_p: float
+    score: float
+    n_scored: int
+    n_tokens: int
+    key_id: str
+    spec_version: int
+    alpha: float
+    keys: list[KeyResultOut]
+    tokens: list[TokenOut] | None = None
+    source: str | None = None
+    audit_seq: int
+
+
+class BatchResponse(BaseModel):
+    """Results in the order of the items."""
+
+    results: list[DetectResponse]
+
+
+class KeyCreate(_Strict):
+    """POST /v1/keys: a new key bound to a tokenizer already in the registry."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    tokenizer_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="SHA-256 of a tokenizer.json stored in the registry (see an existing key's spec)."
+    )
+    context_width: Annotated[int, Field(ge=1, le=16)] = 4
+    min_scored_tokens: Annotated[int, Field(ge=1, le=100_000)] = 16
+
+
+class KeyPublic(BaseModel):
+    """A key's public view: never its secret."""
+
+    key_id: str
+    name: str
+    status: Literal["active", "retired", "revoked"]
+    fingerprint: str
+    spec: dict[str, Any]
+    created_at: str
+    rotated_at: str | None
+    revoked_at: str | None
+    replaces: str | None
+    replaced_by: str | None
+
+
+class KeyList(BaseModel):
+    """GET /v1/keys."""
+
+    keys: list[KeyPublic]
+
+
+class AuditEventOut(BaseModel):
+    """One audit row."""
+
+    seq: int
+    at: str
+    actor: str
+    action: str
+    key_ids: list[str]
+    text_sha256: str | None
+    result: dict[str, Any]
+    prev_hash: str
+    row_hash: str
+
+
+class AuditPage(BaseModel):
+    """GET /v1/audit: newest first; pass `next_before` as `before` for the next page."""
+
+    events: list[AuditEventOut]
+    next_before: int | None
+
+
+class VerifyOut(BaseModel):
+    """GET /v1/audit/verify."""
+
+    ok: bool
+    rows: int
+    head_seq: int
+    head_hash: str
+    first_bad_seq: int | None
+    reason: str | None

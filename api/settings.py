@@ -1,0 +1,89 @@
+"""Service settings, read from the environment by `Settings.from_env()` (never at import time).
+
+`WMARK_HOME`, `WMARK_DATABASE_URL` and `WMARK_MASTER_KEY` locate the registry as for the CLI;
+the `WMARK_API_*` variables set the service's limits.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from wmark.errors import InputError
+from wmark.keys import RegistryConfig
+
+__all__ = ["Settings"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InputError(f"{name} must be a number, got {raw!r}") from None
+    if not value >= minimum:
+        raise InputError(f"{name} must be at least {minimum}, got {raw!r}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw not in _TRUE | _FALSE:
+        raise InputError(f"{name} must be 1/0, true/false, yes/no or on/off, got {raw!r}")
+    return raw in _TRUE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What the service needs to start.
+
+    Attributes:
+        registry: where the keys database and master key are.
+        migrate: migrate the schema on start-up (`WMARK_API_MIGRATE`; `wmark serve` migrates once
+            before starting its workers, so this stays off there).
+        max_body_bytes: largest request body accepted, else 413 (`WMARK_API_MAX_BODY_BYTES`).
+        max_text_chars: longest text (or token-ID list) per item, else 413 (`WMARK_API_MAX_TEXT_CHARS`).
+        max_batch_items: most items in one batch request, else 413 (`WMARK_API_MAX_BATCH`).
+        rate_per_second, rate_burst: token bucket per API token, in each worker process, else 429
+            (`WMARK_API_RATE`, `WMARK_API_BURST`).
+        auth_fail_per_second, auth_fail_burst: token bucket of failed authentications per client
+            address; past it, failures are answered 429 and no longer audited
+            (`WMARK_API_AUTH_FAIL_RATE`, `WMARK_API_AUTH_FAIL_BURST`).
+        docs: serve the OpenAPI schema and /docs (`WMARK_API_DOCS`).
+    """
+
+    registry: RegistryConfig
+    migrate: bool = False
+    max_body_bytes: int = 1 << 20
+    max_text_chars: int = 100_000
+    max_batch_items: int = 64
+    rate_per_second: float = 20.0
+    rate_burst: int = 40
+    auth_fail_per_second: float = 1.0
+    auth_fail_burst: int = 20
+    docs: bool = True
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the registry variables and the `WMARK_API_*` limits."""
+        env = os.environ if env is None else env
+        return cls(
+            registry=RegistryConfig.from_env(env),
+            migrate=_flag(env, "WMARK_API_MIGRATE", False),
+            max_body_bytes=int(_number(env, "WMARK_API_MAX_BODY_BYTES", 1 << 20, minimum=1024)),
+            max_text_chars=int(_number(env, "WMARK_API_MAX_TEXT_CHARS", 100_000, minimum=1)),
+            max_batch_items=int(_number(env, "WMARK_API_MAX_BATCH", 64, minimum=1)),
+            rate_per_second=_number(env, "WMARK_API_RATE", 20.0, minimum=0.001),
+            rate_burst=int(_number(env, "WMARK_API_BURST", 40, minimum=1)),
+            auth_fail_per_second=_number(env, "WMARK_API_AUTH_FAIL_RATE", 1.0, minimum=0.001),
+            auth_fail_burst=int(_number(env, "WMARK_API_AUTH_FAIL_BURST", 20, minimum=1)),
+            docs=_flag(env, "WMARK_API_DOCS", True),
+        )

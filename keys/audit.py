@@ -1,0 +1,388 @@
+"""The audit log: append-only, hash-chained, written under a database lock.
+
+Every detection, key change, token change and failed authentication is one row: time, actor,
+action, key ids, the SHA-256 of the text (never the text) and a result object. Rows are chained:
+
+    row_hash = SHA-256(prev_hash || canonical(row))
+
+where canonical(row) is JSON with sorted keys, no spaces and ASCII escapes, so that one row has
+exactly one serialisation. A writer takes the database's write lock before it reads the chain
+head (BEGIN IMMEDIATE on SQLite; a row lock on `audit_head` on PostgreSQL), so any number of
+processes append one linear chain. `verify` replays the chain and names the first row that was
+edited, deleted or moved. Someone who can rewrite the whole table and the head can rebuild a
+consistent chain: record `verify`'s head hash outside the database and pass it back as an anchor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from wmark.errors import InputError
+from wmark.keys.models import AuditEvent, AuditHead, utcnow
+
+__all__ = [
+    "GENESIS",
+    "AuditEntry",
+    "AuditLog",
+    "AuditRecord",
+    "VerifyReport",
+    "canonical_row",
+    "chain_hash",
+    "detection_entry",
+    "text_digest",
+    "write_transaction",
+]
+
+GENESIS = "0" * 64  # prev_hash of the first row
+_VERIFY_CHUNK = 1000
+
+
+def text_digest(text: str) -> str:
+    """SHA-256 hex of the UTF-8 text: what the log keeps instead of the text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats become strings (JSON has no inf/nan)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(
+        _plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditEntry:
+    """What a caller appends (the log adds seq, time and hashes).
+
+    Attributes:
+        actor: who did it ("token:<id>", "cli:<user>", "anonymous").
+        action: what ("detect", "key_create", "key_rotate", "key_revoke", "token_create",
+            "token_revoke", "auth_failed").
+        key_ids: keys involved.
+        text_sha256: SHA-256 of the text detected, for detections.
+        result: JSON-ready outcome (verdict, p-value, status, reason ...).
+    """
+
+    actor: str
+    action: str
+    key_ids: tuple[str, ...] = ()
+    text_sha256: str | None = None
+    result: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditRecord:
+    """One stored row of the log."""
+
+    seq: int
+    at: datetime
+    actor: str
+    action: str
+    key_ids: tuple[str, ...]
+    text_sha256: str | None
+    result: dict[str, Any]
+    prev_hash: str
+    row_hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "seq": self.seq,
+            "at": self.at.isoformat(),
+            "actor": self.actor,
+            "action": self.action,
+            "key_ids": list(self.key_ids),
+            "text_sha256": self.text_sha256,
+            "result": self.result,
+            "prev_hash": self.prev_hash,
+            "row_hash": self.row_hash,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyReport:
+    """Outcome of `AuditLog.verify`.
+
+    Attributes:
+        ok: the chain is intact (and extends the anchor, if one was given).
+        rows: rows read.
+        head_seq, head_hash: the last row's sequence number and hash (record these elsewhere).
+        first_bad_seq: sequence number of the first bad (edited, missing or moved) row.
+        reason: what is wrong with it.
+    """
+
+    ok: bool
+    rows: int
+    head_seq: int
+    head_hash: str
+    first_bad_seq: int | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "ok": self.ok,
+            "rows": self.rows,
+            "head_seq": self.head_seq,
+            "head_hash": self.head_hash,
+            "first_bad_seq": self.first_bad_seq,
+            "reason": self.reason,
+        }
+
+
+def canonical_row(
+    *,
+    seq: int,
+    at: datetime,
+    actor: str,
+    action: str,
+    key_ids: Sequence[str],
+    text_sha256: str | None,
+    result: Mapping[str, Any],
+) -> bytes:
+    """The one serialisation of a row that its hash covers (version-tagged canonical JSON)."""
+    return _dumps(
+        {
+            "v": 1,
+            "seq": seq,
+            "at": at.isoformat(timespec="microseconds"),
+            "actor": actor,
+            "action": action,
+            "key_ids": list(key_ids),
+            "text_sha256": text_sha256,
+            "result": result,
+        }
+    ).encode("ascii")
+
+
+def chain_hash(prev_hash: str, canonical: bytes) -> str:
+    """SHA-256(prev_hash || canonical row), hex."""
+    return hashlib.sha256(prev_hash.encode("ascii") + canonical).hexdigest()
+
+
+_DETECTION_FIELDS = ("verdict", "p_value", "log_p", "key_id", "n_scored", "n_tokens", "alpha")
+
+
+def detection_entry(
+    *,
+    actor: str,
+    key_ids: Sequence[str],
+    text_sha256: str,
+    detection: Mapping[str, Any],
+    input_kind: str = "text",
+) -> AuditEntry:
+    """The audit entry of one detection (the same for the CLI and the service).
+
+    Args:
+        actor: who asked.
+        key_ids: every key tested.
+        text_sha256: SHA-256 of the input (`text_digest`), never the input itself.
+        detection: `Detection.to_dict()`; its verdict, p-value, matched key and counts are kept.
+        input_kind: "text" or "token_ids".
+    """
+    result = {"input": input_kind, **{k: detection[k] for k in _DETECTION_FIELDS}}
+    return AuditEntry(
+        actor=actor, action="detect", key_ids=tuple(key_ids), text_sha256=text_sha256, result=result
+    )
+
+
+@contextmanager
+def write_transaction(sessions: sessionmaker[Session]) -> Iterator[Session]:
+    """A transaction that holds the database's write lock from its first statement.
+
+    SQLite would otherwise start a deferred transaction, read, and fail to upgrade to a write
+    lock under contention; BEGIN IMMEDIATE waits (busy timeout) for the lock instead.
+    """
+    with sessions.begin() as session:
+        conn = session.connection()
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield session
+
+
+def _record(row: AuditEvent) -> AuditRecord:
+    return AuditRecord(
+        seq=row.seq,
+        at=row.at,
+        actor=row.actor,
+        action=row.action,
+        key_ids=tuple(json.loads(row.key_ids)),
+        text_sha256=row.text_sha256,
+        result=json.loads(row.result),
+        prev_hash=row.prev_hash,
+        row_hash=row.row_hash,
+    )
+
+
+def _row_hash(row: AuditEvent) -> str:
+    canonical = canonical_row(
+        seq=row.seq,
+        at=row.at,
+        actor=row.actor,
+        action=row.action,
+        key_ids=json.loads(row.key_ids),
+        text_sha256=row.text_sha256,
+        result=json.loads(row.result),
+    )
+    return chain_hash(row.prev_hash, canonical)
+
+
+class AuditLog:
+    """The audit log of one database.
+
+    Args:
+        sessions: session factory of a migrated registry database.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+
+    def append(self, *entries: AuditEntry) -> list[AuditRecord]:
+        """Append entries, in order, in one locked transaction."""
+        with write_transaction(self.sessions) as session:
+            return self.append_in(session, entries)
+
+    @staticmethod
+    def append_in(session: Session, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
+        """Append within a transaction opened by `write_transaction` (so a change and its row
+        commit together)."""
+        head = session.scalars(select(AuditHead).where(AuditHead.id == 1).with_for_update()).one()
+        out = []
+        for entry in entries:
+            at = utcnow()
+            key_ids = [str(k) for k in entry.key_ids]
+            result = json.loads(_dumps(entry.result))  # what is stored is what is hashed
+            seq = head.seq + 1
+            row_hash = chain_hash(
+                head.row_hash,
+                canonical_row(
+                    seq=seq,
+                    at=at,
+                    actor=entry.actor,
+                    action=entry.action,
+                    key_ids=key_ids,
+                    text_sha256=entry.text_sha256,
+                    result=result,
+                ),
+            )
+            row = AuditEvent(
+                seq=seq,
+                at=at,
+                actor=entry.actor,
+                action=entry.action,
+                key_ids=_dumps(key_ids),
+                text_sha256=entry.text_sha256,
+                result=_dumps(result),
+                prev_hash=head.row_hash,
+                row_hash=row_hash,
+            )
+            session.add(row)
+            head.seq, head.row_hash = seq, row_hash
+            out.append(_record(row))
+        session.flush()
+        return out
+
+    def tail(self, n: int = 20) -> list[AuditRecord]:
+        """The last `n` rows, oldest first."""
+        return list(reversed(self.page(limit=n)))
+
+    def page(
+        self, *, limit: int = 100, before: int | None = None, action: str | None = None
+    ) -> list[AuditRecord]:
+        """Rows newest first: at most `limit`, with seq < `before`, of one `action` if given."""
+        if not 1 <= limit <= 10_000:
+            raise InputError("limit must be between 1 and 10000")
+        query = select(AuditEvent).order_by(AuditEvent.seq.desc()).limit(limit)
+        if before is not None:
+            query = query.where(AuditEvent.seq < before)
+        if action is not None:
+            query = query.where(AuditEvent.action == action)
+        with self.sessions() as session:
+            return [_record(row) for row in session.scalars(query)]
+
+    def count(self) -> int:
+        """Rows in the log, per the chain head."""
+        with self.sessions() as session:
+            return int(session.scalars(select(AuditHead.seq).where(AuditHead.id == 1)).one())
+
+    def verify(self, *, anchor: tuple[int, str] | None = None) -> VerifyReport:
+        """Replay the chain from the first row.
+
+        Args:
+            anchor: (seq, row_hash) recorded from an earlier `verify`; the log must still
+                contain that exact row.
+
+        Returns:
+            The report; `first_bad_seq` names the first row that was edited, deleted (the
+            missing sequence number) or moved.
+        """
+        prev_hash, expected, rows = GENESIS, 1, 0
+        anchor_seen = anchor is None or anchor[0] == 0
+
+        def bad(seq: int, reason: str) -> VerifyReport:
+            return VerifyReport(
+                ok=False,
+                rows=rows,
+                head_seq=expected - 1,
+                head_hash=prev_hash,
+                first_bad_seq=seq,
+                reason=reason,
+            )
+
+        with self.sessions() as session:
+            head = session.scalars(select(AuditHead).where(AuditHead.id == 1)).one()
+            last = 0
+            while True:
+                chunk = list(
+                    session.scalars(
+                        select(AuditEvent)
+                        .where(AuditEvent.seq > last)
+                        .order_by(AuditEvent.seq)
+                        .limit(_VERIFY_CHUNK)
+                    )
+                )
+                if not chunk:
+                    break
+                for row in chunk:
+                    if row.seq != expected:
+                        gap = f"{expected}" if row.seq == expected + 1 else f"{expected}..{row.seq - 1}"
+                        return bad(expected, f"row {gap} is missing (deleted or renumbered)")
+                    if row.prev_hash != prev_hash:
+                        return bad(row.seq, "prev_hash does not match the previous row (moved or replaced)")
+                    if _row_hash(row) != row.row_hash:
+                        return bad(row.seq, "contents do not match the row hash (edited)")
+                    if anchor is not None and row.seq == anchor[0]:
+                        if row.row_hash != anchor[1]:
+                            return bad(row.seq, "row differs from the anchor recorded earlier")
+                        anchor_seen = True
+                    prev_hash, expected, rows = row.row_hash, expected + 1, rows + 1
+                last = chunk[-1].seq
+                session.expunge_all()
+            if head.seq > expected - 1:
+                return bad(expected, f"rows {expected}..{head.seq} are missing (the log was truncated)")
+            if head.seq < expected - 1:
+                return bad(head.seq + 1, "rows after the recorded head were added outside the audit writer")
+            if head.row_hash != prev_hash:
+                return bad(head.seq, "the last row does not match the recorded chain head")
+            if anchor is not None and not anchor_seen:
+                return bad(anchor[0], "the anchor row is beyond the end of the log")
+        return VerifyReport(ok=True, rows=rows, head_seq=expected - 1, head_hash=prev_hash)
