@@ -48,7 +48,8 @@ def verify(
       wmark audit verify
       wmark audit verify --anchor 1200:3f9a...   (a head recorded earlier)
     """
-    report = open_registry().audit.verify(anchor=_anchor(anchor))
+    with open_registry() as registry:
+        report = registry.audit.verify(anchor=_anchor(anchor))
     if as_json:
         print_json(report.to_dict())
     elif report.ok:
@@ -73,7 +74,8 @@ def tail(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per row.")] = False,
 ) -> None:
     """Show the latest audit rows, oldest first."""
-    rows = list(reversed(open_registry().audit.page(limit=n, action=action)))
+    with open_registry() as registry:
+        rows = list(reversed(registry.audit.page(limit=n, action=action)))
     if as_json:
         for row in rows:
             print_json(row.to_dict())

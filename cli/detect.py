@@ -66,24 +66,24 @@ def detect(
         raise fail(f"--alpha must be between 0 and 1, got {alpha}")
     sources = files or ["-"]
     texts = [_read(s) for s in sources]  # all inputs are checked before any work is done
-    registry = open_registry()
-    detector = Detector(registry.detection_keys(key), registry.tokenizer_json)
-    results = [
-        detector.detect(t, alpha=alpha, source=s if s != "-" else "stdin")
-        for s, t in zip(sources, texts, strict=True)
-    ]
-    actor, tested = cli_actor(), [k.key_id for k in detector.keys]
-    registry.audit.append(  # one row per input, like the service; the text itself is never stored
-        *(
-            detection_entry(
-                actor=actor,
-                key_ids=tested,
-                text_sha256=text_digest(t),
-                detection=r.to_dict(include_tokens=False),
+    with open_registry() as registry:
+        detector = Detector(registry.detection_keys(key), registry.tokenizer_json)
+        results = [
+            detector.detect(t, alpha=alpha, source=s if s != "-" else "stdin")
+            for s, t in zip(sources, texts, strict=True)
+        ]
+        actor, tested = cli_actor(), [k.key_id for k in detector.keys]
+        registry.audit.append(  # one row per input, like the service; the text itself is never stored
+            *(
+                detection_entry(
+                    actor=actor,
+                    key_ids=tested,
+                    text_sha256=text_digest(t),
+                    detection=r.to_dict(include_tokens=False),
+                )
+                for t, r in zip(texts, results, strict=True)
             )
-            for t, r in zip(texts, results, strict=True)
         )
-    )
     if as_json:
         for r in results:
             print_json(r.to_dict(include_tokens=False))

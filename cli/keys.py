@@ -70,16 +70,16 @@ def create(
 ) -> None:
     """Create a key with a fresh random secret; prints its id."""
     data, tok_name = read_tokenizer_source(tokenizer, embedded=embedded_tokenizer_loader())
-    registry = open_registry()
-    ref = registry.add_tokenizer(data, tok_name)
-    info = registry.create_key(
-        name,
-        ref,
-        context_width=context_width,
-        context_mode=context_mode,
-        min_scored_tokens=min_scored_tokens,
-        actor=cli_actor(),
-    )
+    with open_registry() as registry:
+        ref = registry.add_tokenizer(data, tok_name)
+        info = registry.create_key(
+            name,
+            ref,
+            context_width=context_width,
+            context_mode=context_mode,
+            min_scored_tokens=min_scored_tokens,
+            actor=cli_actor(),
+        )
     if as_json:
         print_json(info.to_dict())
     else:
@@ -126,7 +126,8 @@ def rotate(
     key_id: Annotated[str, typer.Argument(help="The active key to replace.")], as_json: JsonOpt = False
 ) -> None:
     """Replace a key with a new one; the old key is retired (still detected). Prints the new id."""
-    info = open_registry().rotate(key_id, actor=cli_actor())
+    with open_registry() as registry:
+        info = registry.rotate(key_id, actor=cli_actor())
     if as_json:
         print_json(info.to_dict())
     else:
@@ -138,5 +139,6 @@ def revoke(
     key_id: Annotated[str, typer.Argument(help="The key to revoke.")], as_json: JsonOpt = False
 ) -> None:
     """Revoke a key: it neither generates nor detects any more."""
-    info = open_registry().revoke(key_id, actor=cli_actor())
+    with open_registry() as registry:
+        info = registry.revoke(key_id, actor=cli_actor())
     _show(info, as_json)

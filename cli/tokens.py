@@ -29,7 +29,8 @@ def create(
     """
     if role not in ROLES:
         raise typer.BadParameter(f"must be one of {', '.join(ROLES)}", param_hint="--role")
-    issued = open_registry().tokens.create(role, name, actor=cli_actor())
+    with open_registry() as registry:
+        issued = registry.tokens.create(role, name, actor=cli_actor())
     if as_json:
         print_json({**issued.info.to_dict(), "token": issued.token})
     else:
@@ -45,7 +46,8 @@ def list_tokens(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per token.")] = False,
 ) -> None:
     """List tokens (ids, names, roles; never the tokens)."""
-    infos = open_registry().tokens.list()
+    with open_registry() as registry:
+        infos = registry.tokens.list()
     if as_json:
         for info in infos:
             print_json(info.to_dict())
@@ -66,5 +68,6 @@ def list_tokens(
 @app.command()
 def revoke(token_id: Annotated[str, typer.Argument(help="The token's id (the part after wmt_).")]) -> None:
     """Revoke a token: requests with it get 401 from then on."""
-    info = open_registry().tokens.revoke(token_id, actor=cli_actor())
+    with open_registry() as registry:
+        info = registry.tokens.revoke(token_id, actor=cli_actor())
     typer.echo(f"{info.token_id} revoked")
