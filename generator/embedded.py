@@ -135,6 +135,10 @@ def prepare(
             import torch
 
             lm = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=gguf.name, dtype=torch.float32)
+            # The weights are now plain float32 (dequantised); drop the GGUF marker so they can be saved.
+            lm.hf_quantizer = None
+            if hasattr(lm.config, "quantization_config"):
+                del lm.config.quantization_config
             lm.save_pretrained(staging, safe_serialization=True)
             del lm
         for item in staging.iterdir():  # move into place file by file: readers never see half a file

@@ -1,0 +1,200 @@
+"""The generation loop: blocks until EOS or the token budget, with the clocks' bookkeeping.
+
+    result = generate(target, prompt_ids, config=SamplerConfig(method="mpfr", drafts=4),
+                      key=key_material, drafter=drafter, seed=7)
+
+The loop owns nothing model-specific: it asks a block function (basic-uwm, PFR/MPFR tree, or a
+baseline) for the next emitted tokens, commits them to the clock policy (so the repeated-window
+mask is exactly what the detector recomputes from the text) and keeps per-block statistics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from wmark.errors import InputError
+from wmark.generator.backend import LanguageModel
+from wmark.generator.clocks import ClockKind, ClockPolicy
+from wmark.generator.logits import LogitsConfig
+from wmark.generator.result import GenerationResult, Timings
+from wmark.generator.speculative import Block, BlockInputs, autoregressive_block, tree_block
+from wmark.keymaterial import KeyMaterial
+
+__all__ = ["METHODS", "SamplerConfig", "generate", "request_nonce"]
+
+DEFAULT_DRAFTS = 4
+MAX_DRAFTS = 64
+MAX_LOOKAHEAD = 32
+
+BlockFn = Callable[[BlockInputs], Block]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A sampler: its block function and what it needs."""
+
+    block: BlockFn
+    keyed: bool  # uses the watermark key
+    speculative: bool  # needs a drafter
+    multi_draft: bool  # accepts drafts > 1
+
+
+METHODS: dict[str, Method] = {
+    "basic-uwm": Method(autoregressive_block, keyed=True, speculative=False, multi_draft=False),
+    "pfr": Method(tree_block, keyed=True, speculative=True, multi_draft=False),
+    "pfr-nowm": Method(tree_block, keyed=False, speculative=True, multi_draft=False),
+    "mpfr": Method(tree_block, keyed=True, speculative=True, multi_draft=True),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+    """How to generate.
+
+    Attributes:
+        method: one of `METHODS`.
+        lookahead: L, draft depth per block.
+        drafts: B, drafts per block (multi-draft methods only; None: 4 for them, else 1).
+        max_new_tokens: budget of generated tokens (EOS counts as one).
+        target_logits / draft_logits: logits processing of each model (same top-k/top-p by
+            default; the draft temperature may differ).
+        diversity_bits: surprisal budget of the unkeyed prefix that lets equal prompts differ.
+    """
+
+    method: str = "mpfr"
+    lookahead: int = 4
+    drafts: int | None = None
+    max_new_tokens: int = 128
+    target_logits: LogitsConfig = field(default_factory=LogitsConfig)
+    draft_logits: LogitsConfig = field(default_factory=LogitsConfig)
+    diversity_bits: float = 16.0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InputError(f"unknown method {self.method!r}; known: {', '.join(METHODS)}")
+        method = METHODS[self.method]
+        if self.drafts is None:
+            object.__setattr__(self, "drafts", DEFAULT_DRAFTS if method.multi_draft else 1)
+        assert self.drafts is not None
+        if not 1 <= self.lookahead <= MAX_LOOKAHEAD:
+            raise InputError(f"lookahead must be in 1..{MAX_LOOKAHEAD}, got {self.lookahead}")
+        if not 1 <= self.drafts <= MAX_DRAFTS:
+            raise InputError(f"drafts must be in 1..{MAX_DRAFTS}, got {self.drafts}")
+        if self.drafts > 1 and not method.multi_draft:
+            raise InputError(f"{self.method} is single-draft: use --drafts 1 (or method mpfr)")
+        if self.max_new_tokens < 1:
+            raise InputError("max_new_tokens must be at least 1")
+        if self.diversity_bits < 0:
+            raise InputError("diversity_bits must be >= 0")
+
+
+def request_nonce(seed: int | None) -> bytes:
+    """The request's unkeyed randomness: derived from `seed`, else fresh from the OS."""
+    if seed is None:
+        return os.urandom(32)
+    return hashlib.sha256(b"wmark.request-seed.v1" + seed.to_bytes(16, "big", signed=True)).digest()
+
+
+def generate(
+    target: LanguageModel,
+    prompt_ids: Sequence[int],
+    *,
+    config: SamplerConfig,
+    key: KeyMaterial | None = None,
+    drafter: LanguageModel | None = None,
+    seed: int | None = None,
+    decode: Callable[[Sequence[int]], str] | None = None,
+) -> GenerationResult:
+    """Generate from `prompt_ids` with the configured sampler.
+
+    Args:
+        target: the model whose distribution the output follows exactly.
+        prompt_ids: the prompt's token IDs (chat template already applied).
+        config: sampler settings.
+        key: the watermark key (required by keyed methods, ignored by unkeyed ones).
+        drafter: the draft model (required by speculative methods); must share the target's vocabulary.
+        seed: makes the unkeyed randomness reproducible; None draws it from the OS.
+        decode: token IDs -> text, for `GenerationResult.text`.
+    """
+    method = METHODS[config.method]
+    if not prompt_ids:
+        raise InputError("the prompt is empty")
+    if method.keyed and key is None:
+        raise InputError(f"{config.method} needs a watermark key")
+    if method.speculative and drafter is None:
+        raise InputError(f"{config.method} needs a drafter model")
+    if max(prompt_ids) >= target.vocab_size or min(prompt_ids) < 0:
+        raise InputError("prompt token IDs are outside the target's vocabulary")
+
+    policy = ClockPolicy(
+        key if method.keyed else None,
+        request_nonce(seed),
+        prompt_len=len(prompt_ids),
+        diversity_bits=config.diversity_bits if method.keyed else 0.0,
+        context_width=key.spec.context_width if key is not None else 4,
+        spec_version=key.spec.spec_version if key is not None else 1,
+    )
+    eos = target.eos_token_ids
+    target_session = target.session(prompt_ids)
+    draft_session = drafter.session(prompt_ids) if method.speculative and drafter is not None else None
+
+    tokens = list(prompt_ids)
+    blocks: list[int] = []
+    drafted: list[int] = []
+    masked: list[int] = []
+    diverse: list[int] = []
+    draft_s = verify_s = 0.0
+    stop_reason = "length"
+    start = time.perf_counter()
+    while len(tokens) - len(prompt_ids) < config.max_new_tokens:
+        remaining = config.max_new_tokens - (len(tokens) - len(prompt_ids))
+        block = method.block(
+            BlockInputs(
+                target=target_session,
+                drafter=draft_session,
+                committed=tokens,
+                remaining=remaining,
+                policy=policy,
+                target_logits=config.target_logits,
+                draft_logits=config.draft_logits,
+                eos=eos,
+                lookahead=min(config.lookahead, remaining - 1),
+                drafts=config.drafts or 1,
+            )
+        )
+        draft_s += block.draft_seconds
+        verify_s += block.verify_seconds
+        blocks.append(len(block.emitted))
+        drafted.append(block.drafted)
+        for emission in block.emitted:
+            position = len(tokens) - len(prompt_ids)
+            if emission.kind is ClockKind.MASKED:
+                masked.append(position)
+            elif emission.kind is ClockKind.DIVERSE:
+                diverse.append(position)
+            policy.commit(tokens, emission.kind, emission.prob)
+            tokens.append(emission.token)
+        if tokens[-1] in eos:
+            stop_reason = "eos"
+            break
+    total = time.perf_counter() - start
+    generated = tuple(tokens[len(prompt_ids) :])
+    return GenerationResult(
+        token_ids=generated,
+        text=decode(generated) if decode is not None else "",
+        prompt_ids=tuple(prompt_ids),
+        method=config.method,
+        key_id=key.key_id if key is not None and method.keyed else None,
+        blocks=tuple(blocks),
+        drafted=tuple(drafted),
+        masked_positions=tuple(masked),
+        diverse_positions=tuple(diverse),
+        target_forwards=getattr(target_session, "forwards", len(blocks)),
+        draft_forwards=getattr(draft_session, "forwards", 0),
+        stop_reason=stop_reason,
+        timings=Timings(draft=draft_s, verify=verify_s, bookkeeping=max(0.0, total - draft_s - verify_s)),
+    )

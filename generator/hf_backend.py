@@ -1,0 +1,149 @@
+"""Hugging Face causal LMs behind the backend protocol: KV cache, tree attention, rollback.
+
+Only the public forward is used: `model(input_ids, cache=..., attention_mask=4D, position_ids=...)`.
+A session keeps the committed text in a `DynamicCache`; speculative nodes are appended after it
+and see, through a 4D mask, the committed text plus their own ancestors, at position
+(committed length + depth - 1). `accept` index-selects the committed entries and the accepted
+path out of every layer (a crop cannot drop side branches). So a whole MPFR draft tree is one
+forward, and a rejected draft costs no recomputation.
+
+Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.rowwise`),
+"exact-fp32" (batch-invariant float32, slow: for small test models), "fp32", "bf16", "fp16"
+(stock kernels; GPU default bf16; near-ties may flip between block shapes, ~1e-7 noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import AttentionInterface, DynamicCache, PreTrainedModel
+
+from wmark.errors import BackendError
+from wmark.generator.backend import NodeTable
+from wmark.generator.rowwise import ATTENTION_NAME, convert_linears, rowwise_attention
+
+__all__ = ["PRECISIONS", "HFModel", "HFSession", "prepare_model"]
+
+PRECISIONS = ("auto", "int8", "exact-fp32", "fp32", "bf16", "fp16")
+AttentionInterface.register(ATTENTION_NAME, rowwise_attention)
+
+
+def prepare_model(model: PreTrainedModel, precision: str, device: str) -> PreTrainedModel:
+    """Cast/convert a loaded model for `precision` on `device` and put it in eval mode."""
+    if precision in ("int8", "exact-fp32"):
+        if device != "cpu":
+            raise BackendError(f"precision {precision} is CPU-only; use bf16, fp16 or fp32 on {device}")
+        model = model.to(torch.float32)
+        convert_linears(model, "int8" if precision == "int8" else "fp32")
+        model.config._attn_implementation = ATTENTION_NAME
+        for sub in model.modules():  # every layer reads the implementation from its config
+            if hasattr(sub, "config"):
+                sub.config._attn_implementation = ATTENTION_NAME
+    else:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        model = model.to(device=device, dtype=dtype)
+    return model.eval()
+
+
+class HFSession:
+    """A generation's view of one model; see `wmark.generator.backend.Session`."""
+
+    def __init__(self, lm: HFModel, prompt_ids: Sequence[int]) -> None:
+        self.lm = lm
+        self.cache = DynamicCache(config=lm.model.config)
+        self.committed = 0  # cache entries that hold committed text
+        self.pending: list[int] = [int(t) for t in prompt_ids]
+        self.nodes = NodeTable()
+        self.slots: list[int] = []  # cache index of each node
+        self.node_logits: list[torch.Tensor] = []
+        self.root_logits: torch.Tensor | None = None
+        self.forwards = 0
+
+    @torch.inference_mode()
+    def extend(self, parents: Sequence[int], tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `Session.extend`."""
+        new = self.nodes.add(parents, tokens)
+        inputs = self.pending + [int(t) for t in tokens]
+        if not inputs:
+            if self.root_logits is None:
+                raise RuntimeError("no root logits yet: the session has nothing to process")
+            return self.root_logits, torch.empty(0, self.lm.vocab_size)
+        n_pending = len(self.pending)
+        cached = self.cache.get_seq_length()
+        if n_pending and cached != self.committed:
+            raise RuntimeError("pending tokens with speculative nodes in the cache: accept() first")
+        committed_after = self.committed + n_pending
+        visible = torch.zeros(len(inputs), cached + len(inputs), dtype=torch.bool)
+        positions = []
+        for row in range(n_pending):  # queued committed tokens: causal among themselves
+            visible[row, : self.committed + row + 1] = True
+            positions.append(self.committed + row)
+        for k, node in enumerate(new):  # nodes: committed text + their ancestors + themselves
+            row = n_pending + k
+            self.slots.append(cached + row)
+            visible[row, :committed_after] = True
+            visible[row, [self.slots[a] for a in self.nodes.ancestors(node)]] = True
+            positions.append(committed_after + self.nodes.depths[node] - 1)
+        dtype = self.lm.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+        device = self.lm.device
+        out = self.lm.model(
+            input_ids=torch.tensor([inputs], device=device),
+            attention_mask=mask[None, None].to(device),
+            position_ids=torch.tensor([positions], device=device),
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.forwards += 1
+        logits = out.logits[0].to(torch.float32)
+        if n_pending:
+            self.root_logits = logits[n_pending - 1]
+            self.committed = committed_after
+            self.pending = []
+        node_logits = logits[n_pending:]
+        self.node_logits.extend(node_logits)
+        assert self.root_logits is not None
+        return self.root_logits, node_logits
+
+    def accept(self, path: Sequence[int], extra: Sequence[int]) -> None:
+        """See `Session.accept`."""
+        self.nodes.check_path(path)
+        keep = list(range(self.committed)) + [self.slots[n] for n in path]
+        if len(keep) != self.cache.get_seq_length():
+            index = torch.tensor(keep, device=self.lm.device)
+            for layer in self.cache.layers:
+                if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                    layer.keys = layer.keys.index_select(-2, index)
+                    layer.values = layer.values.index_select(-2, index)
+        self.committed = len(keep)
+        if path and not extra:
+            self.root_logits = self.node_logits[path[-1]]
+        elif extra:
+            self.root_logits = None
+        self.pending = [int(t) for t in extra]
+        self.nodes.clear()
+        self.slots.clear()
+        self.node_logits.clear()
+
+
+class HFModel:
+    """A loaded causal LM (plus what the samplers need to know about it).
+
+    Args:
+        model: a transformers causal LM, already prepared (`prepare_model`).
+        eos_token_ids: tokens that end generation.
+        name: for messages.
+    """
+
+    def __init__(self, model: PreTrainedModel, eos_token_ids: frozenset[int], name: str = "model") -> None:
+        self.model = model
+        self.eos_token_ids = eos_token_ids
+        self.name = name
+        self.vocab_size = int(model.config.vocab_size)
+        self.device = next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")
+        self.dtype = torch.float32 if model.config._attn_implementation == ATTENTION_NAME else model.dtype
+
+    def session(self, prompt_ids: Sequence[int]) -> HFSession:
+        """See `LanguageModel.session`."""
+        return HFSession(self, prompt_ids)
