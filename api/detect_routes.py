@@ -83,7 +83,12 @@ def _detect_all(
     return out
 
 
-@router.post("/v1/detect", response_model=DetectResponse, summary="Detect one text or token-ID list")
+@router.post(
+    "/v1/detect",
+    response_model=DetectResponse,
+    response_model_exclude_unset=True,  # `tokens` only when asked for, as in `wmark detect --json`
+    summary="Detect one text or token-ID list",
+)
 def detect(body: DetectRequest, token: DetectorToken, service: ServiceDep) -> dict[str, Any]:
     """Test a text (or token IDs) against every active and retired key, or the `key_ids` given.
 
@@ -95,7 +100,12 @@ def detect(body: DetectRequest, token: DetectorToken, service: ServiceDep) -> di
     )[0]
 
 
-@router.post("/v1/detect/batch", response_model=BatchResponse, summary="Detect many inputs")
+@router.post(
+    "/v1/detect/batch",
+    response_model=BatchResponse,
+    response_model_exclude_unset=True,
+    summary="Detect many inputs",
+)
 def detect_batch(body: BatchRequest, token: DetectorToken, service: ServiceDep) -> dict[str, Any]:
     """Detect every item with the same keys and alpha; one audit row per item, in order."""
     results = _detect_all(

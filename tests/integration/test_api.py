@@ -1,0 +1,411 @@
+"""The REST API in process (TestClient, lifespan included) on SQLite and PostgreSQL.
+
+Auth and roles on every route, detection results and their audit rows, key administration,
+error shapes and limits, metrics, readiness, the detector cache, and no secret in any output.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from wmark.api import Settings, create_app
+from wmark.detector import Detector
+from wmark.keys import KeyInfo, KeyRegistry, RegistryConfig
+from wmark.keys.tokens import ROLES
+
+PUBLIC = {"/healthz", "/readyz", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json"}
+# which roles each route admits (admin may do everything)
+ALLOWED = {
+    "/v1/detect": {"detector", "admin"},
+    "/v1/detect/batch": {"detector", "admin"},
+    "/v1/keys": {"admin"},
+    "/v1/keys/{key_id}": {"admin"},
+    "/v1/keys/{key_id}/rotate": {"admin"},
+    "/v1/keys/{key_id}/revoke": {"admin"},
+    "/v1/audit": {"auditor", "admin"},
+    "/v1/audit/verify": {"auditor", "admin"},
+    "/metrics": {"auditor", "admin"},
+}
+
+
+@dataclass
+class Api:
+    client: TestClient
+    registry: KeyRegistry
+    key: KeyInfo
+    tokens: dict[str, str]
+
+    def call(self, method: str, path: str, role: str | None = "detector", **kwargs):
+        headers = kwargs.pop("headers", {})
+        if role is not None:
+            headers["Authorization"] = f"Bearer {self.tokens[role]}"
+        return self.client.request(method, path, headers=headers, **kwargs)
+
+    def text(self, seed: int, n: int = 200, planted=None) -> str:
+        ids = planted(self.registry.material(self.key.key_id), n, np.random.default_rng(seed))
+        return " ".join(f"w{i - 1}" for i in ids)
+
+
+def _settings(config: RegistryConfig, **overrides) -> Settings:
+    base = Settings(
+        registry=config,
+        migrate=True,
+        rate_per_second=1000.0,
+        rate_burst=1000,
+        auth_fail_per_second=1000.0,
+        auth_fail_burst=1000,
+    )
+    return replace(base, **overrides)
+
+
+@pytest.fixture()
+def make_api(registry_config, word_tokenizer_json):
+    clients = []
+
+    def make(**overrides) -> Api:
+        app = create_app(_settings(registry_config, **overrides))
+        client = TestClient(app)
+        client.__enter__()  # runs the lifespan: opens (and migrates) the registry
+        clients.append(client)
+        reg = app.state.service.registry
+        ref = reg.add_tokenizer(word_tokenizer_json, "words")
+        key = reg.list_keys("active")[0] if reg.list_keys("active") else reg.create_key("k", ref)
+        tokens = {role: reg.tokens.create(role, f"{role}-test", actor="test").token for role in ROLES}
+        return Api(client, reg, key, tokens)
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture()
+def api(make_api) -> Iterator[Api]:
+    yield make_api()
+
+
+def test_detect_matches_the_library_and_is_audited(api, planted, word_tokenizer_json):
+    text = api.text(1, planted=planted)
+    resp = api.call("POST", "/v1/detect", json={"text": text})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    expected = Detector(api.registry.detection_keys(), {api.key.spec.tokenizer.sha256: word_tokenizer_json})
+    direct = expected.detect(text).to_dict(include_tokens=False)
+    assert {k: body[k] for k in direct} == direct  # the same fields and values as `wmark detect --json`
+    assert body["verdict"] == "watermarked" and body["p_value"] < 1e-6 and "tokens" not in body
+    row = api.registry.audit.tail(1)[0]
+    assert row.seq == body["audit_seq"] and row.action == "detect"
+    assert row.text_sha256 == hashlib.sha256(text.encode()).hexdigest()
+    assert row.actor.startswith("token:") and row.key_ids == (api.key.key_id,)
+    assert row.result["verdict"] == "watermarked" and row.result["p_value"] == body["p_value"]
+
+    plain = " ".join(f"w{i}" for i in np.random.default_rng(2).integers(0, 500, size=200))
+    assert api.call("POST", "/v1/detect", json={"text": plain}).json()["verdict"] == "not_detected"
+    short = api.call("POST", "/v1/detect", json={"text": "w1 w2 w3"}).json()
+    assert short["verdict"] == "insufficient_evidence"
+
+
+def test_token_ids_input_and_per_token_evidence(api, planted):
+    ids = planted(api.registry.material(api.key.key_id), 150, np.random.default_rng(4))
+    text = " ".join(f"w{i - 1}" for i in ids)
+    by_ids = api.call("POST", "/v1/detect", json={"token_ids": ids, "return_tokens": True}).json()
+    by_text = api.call("POST", "/v1/detect", json={"text": text, "return_tokens": True}).json()
+    assert by_ids["p_value"] == by_text["p_value"] and by_ids["verdict"] == "watermarked"
+    tokens = by_text["tokens"]
+    assert [t["token_id"] for t in tokens] == ids
+    assert all(text[t["start"] : t["end"]] == f"w{t['token_id'] - 1}" for t in tokens)
+    scored = [t for t in tokens if t["pivot"] is not None]
+    assert len(scored) == by_text["n_scored"]
+    assert sum(t["score"] for t in scored) == pytest.approx(by_text["score"], rel=1e-9)
+    assert by_ids["tokens"][0]["start"] is None  # no text, no offsets
+    assert api.registry.audit.tail(2)[0].result["input"] == "token_ids"
+
+
+def test_batch_keeps_order_and_audits_each_item(api, planted):
+    texts = [api.text(s, planted=planted) for s in (5, 6)] + ["w1 " * 50]
+    items = [{"text": t, "source": f"doc-{i}"} for i, t in enumerate(texts)]
+    resp = api.call("POST", "/v1/detect/batch", json={"items": items, "alpha": 0.001})
+    assert resp.status_code == 200, resp.text
+    results = resp.json()["results"]
+    assert [r["source"] for r in results] == ["doc-0", "doc-1", "doc-2"]
+    assert [r["verdict"] for r in results] == ["watermarked", "watermarked", "insufficient_evidence"]
+    rows = api.registry.audit.tail(3)
+    assert [r.seq for r in rows] == [r["audit_seq"] for r in results]
+    assert [r.text_sha256 for r in rows] == [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+
+
+def _request_for(path: str, api: Api) -> tuple[str, str, dict]:
+    concrete = path.replace("{key_id}", api.key.key_id)
+    if path == "/v1/detect":
+        return "POST", concrete, {"json": {"text": "w1 w2"}}
+    if path == "/v1/detect/batch":
+        return "POST", concrete, {"json": {"items": [{"text": "w1 w2"}]}}
+    if path == "/v1/keys":
+        return "GET", concrete, {}
+    if path.endswith(("/rotate", "/revoke")):
+        return "POST", concrete, {}
+    return "GET", concrete, {}
+
+
+def test_every_endpoint_but_health_and_page_needs_a_token_of_the_right_role(api):
+    routes = set(api.client.app.openapi()["paths"])  # every API route (the page is not in the schema)
+    protected = routes - PUBLIC
+    assert protected == set(ALLOWED), "a new route needs an entry in ALLOWED"
+    for path in sorted(protected):
+        method, url, kwargs = _request_for(path, api)
+        for header in ({}, {"Authorization": "Bearer nonsense"}, {"Authorization": "Basic dXNlcjpwdw=="}):
+            resp = api.call(method, url, role=None, headers=dict(header), **kwargs)
+            assert resp.status_code == 401, (path, header, resp.text)
+            assert resp.json()["code"] == "unauthorized"
+            assert resp.headers["www-authenticate"].startswith("Bearer")
+        for role in ("detector", "auditor"):  # admin is allowed everywhere; rotate/revoke change state
+            resp = api.call(method, url, role=role, **kwargs)
+            if role in ALLOWED[path]:
+                assert resp.status_code not in (401, 403), (path, role, resp.text)
+            else:
+                assert resp.status_code == 403, (path, role, resp.text)
+                assert resp.json()["code"] == "forbidden"
+    for path in ("/healthz", "/readyz", "/"):
+        assert api.call("GET", path, role=None).status_code == 200
+    failed = api.registry.audit.page(limit=1000, action="auth_failed")
+    reasons = {r.result["reason"] for r in failed}
+    assert reasons == {"missing", "malformed", "forbidden"}
+    forbidden = next(r for r in failed if r.result["reason"] == "forbidden")
+    assert forbidden.actor.startswith("token:") and forbidden.result["status"] == 403
+    assert all(r.result["path"].startswith(("/v1/", "/metrics")) for r in failed)
+
+
+def test_admin_may_do_everything(api, planted):
+    text = api.text(7, planted=planted)
+    assert api.call("POST", "/v1/detect", role="admin", json={"text": text}).status_code == 200
+    assert api.call("GET", "/v1/audit", role="admin").status_code == 200
+    assert api.call("GET", "/metrics", role="admin").status_code == 200
+
+
+def test_key_administration(api, planted):
+    listed = api.call("GET", "/v1/keys", role="admin").json()["keys"]
+    assert [k["key_id"] for k in listed] == [api.key.key_id]
+    created = api.call(
+        "POST",
+        "/v1/keys",
+        role="admin",
+        json={"name": "second", "tokenizer_sha256": api.key.spec.tokenizer.sha256, "context_width": 3},
+    )
+    assert created.status_code == 201, created.text
+    new = created.json()
+    assert new["status"] == "active" and new["spec"]["context_width"] == 3
+    assert api.call("GET", f"/v1/keys/{new['key_id']}", role="admin").json() == new
+    rotated = api.call("POST", f"/v1/keys/{api.key.key_id}/rotate", role="admin").json()
+    assert rotated["replaces"] == api.key.key_id
+    revoked = api.call("POST", f"/v1/keys/{new['key_id']}/revoke", role="admin").json()
+    assert revoked["status"] == "revoked"
+    statuses = {k["key_id"]: k["status"] for k in api.call("GET", "/v1/keys", role="admin").json()["keys"]}
+    assert statuses == {api.key.key_id: "retired", new["key_id"]: "revoked", rotated["key_id"]: "active"}
+    assert (
+        api.call("GET", "/v1/keys?status=active", role="admin").json()["keys"][0]["key_id"]
+        == rotated["key_id"]
+    )
+    admin_id = api.tokens["admin"].split("_")[1]
+    rows = [r for r in api.registry.audit.tail(10) if r.action.startswith("key_") and r.actor != "local"]
+    assert [(r.action, r.actor) for r in rows] == [
+        ("key_create", f"token:{admin_id}"),
+        ("key_rotate", f"token:{admin_id}"),
+        ("key_revoke", f"token:{admin_id}"),
+    ]
+    # the retired key still detects; the revoked one is refused by name
+    text = api.text(8, planted=planted)
+    body = api.call("POST", "/v1/detect", json={"text": text}).json()
+    assert body["verdict"] == "watermarked" and body["key_id"] == api.key.key_id
+    assert {k["key_id"] for k in body["keys"]} == {api.key.key_id, rotated["key_id"]}
+    refused = api.call("POST", "/v1/detect", json={"text": text, "key_ids": [new["key_id"]]})
+    assert refused.status_code == 409 and refused.json()["code"] == "key_revoked"
+    missing_tok = api.call("POST", "/v1/keys", role="admin", json={"name": "x", "tokenizer_sha256": "0" * 64})
+    assert missing_tok.status_code == 422 and missing_tok.json()["code"] == "tokenizer_error"
+
+
+def test_detector_is_cached_and_rebuilt_when_keys_change(api, planted, monkeypatch):
+    import wmark.api.detectors as detectors
+
+    parsed = []
+    real = detectors.TextTokenizer
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            parsed.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(detectors, "TextTokenizer", Counting)
+    cache = api.client.app.state.service.detectors
+    text = api.text(9, planted=planted)
+    for _ in range(5):
+        assert api.call("POST", "/v1/detect", json={"text": text}).status_code == 200
+    assert cache.builds == 1 and len(parsed) == 1
+    api.call("POST", f"/v1/keys/{api.key.key_id}/rotate", role="admin")
+    for _ in range(3):
+        api.call("POST", "/v1/detect", json={"text": text})
+    assert cache.builds == 2 and len(parsed) == 1  # same tokenizer: parsed once per process
+    # a change made by another process (here: directly in the registry) is seen too
+    api.registry.revoke(api.key.key_id)
+    body = api.call("POST", "/v1/detect", json={"text": text}).json()
+    assert cache.builds == 3 and body["verdict"] == "not_detected"
+    assert len(parsed) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        pytest.param({}, 422, "validation_error", id="no-input"),
+        pytest.param({"text": "w1", "token_ids": [1]}, 422, "validation_error", id="both-inputs"),
+        pytest.param({"text": "w1 w2", "alpha": 1.5}, 422, "validation_error", id="alpha"),
+        pytest.param({"text": "w1 w2", "alpha": 0}, 422, "validation_error", id="alpha-zero"),
+        pytest.param({"text": "w1 w2", "extra": 1}, 422, "validation_error", id="unknown-field"),
+        pytest.param(b'{"text": "\\ud800 w1"}', 422, "validation_error", id="lone-surrogate"),
+        pytest.param({"text": "   "}, 422, "insufficient_text", id="blank"),
+        pytest.param({"token_ids": []}, 422, "insufficient_text", id="no-ids"),
+        pytest.param({"token_ids": [-1]}, 422, "validation_error", id="negative-id"),
+        pytest.param({"token_ids": [10**6]}, 422, "tokenizer_error", id="id-outside-vocab"),
+        pytest.param({"text": "w1 w2", "key_ids": ["wk_nope"]}, 404, "key_not_found", id="unknown-key"),
+        pytest.param({"text": "w1 w2", "key_ids": ["bad id!"]}, 422, "validation_error", id="bad-key-id"),
+        pytest.param({"text": "w1 " * 3000}, 413, "text_too_long", id="text-too-long"),
+        pytest.param({"token_ids": [1] * 3000}, 413, "text_too_long", id="ids-too-long"),
+    ],
+)
+def test_bad_input_gets_a_json_4xx(make_api, body, status, code):
+    api = make_api(max_text_chars=2000)
+    if isinstance(body, bytes):  # JSON that a client library would refuse to produce
+        resp = api.call("POST", "/v1/detect", content=body, headers={"Content-Type": "application/json"})
+    else:
+        resp = api.call("POST", "/v1/detect", json=body)
+    assert resp.status_code == status, resp.text
+    err = resp.json()
+    assert set(err) == {"code", "message"} and err["code"] == code
+    assert "w1 w1 w1" not in err["message"]  # input is not echoed
+
+
+def test_limits_and_protocol_errors(make_api):
+    api = make_api(max_body_bytes=4096, max_batch_items=2, rate_per_second=0.001, rate_burst=3)
+    big = api.call("POST", "/v1/detect", json={"text": "w1 " * 3000})
+    assert big.status_code == 413 and big.json()["code"] == "body_too_large"
+    chunked = api.call(
+        "POST",
+        "/v1/detect",
+        content=iter([b'{"text": "', b"w1 " * 2000, b'"}']),
+        headers={"Content-Type": "application/json"},
+    )
+    assert chunked.status_code == 413
+    batch = api.call("POST", "/v1/detect/batch", json={"items": [{"text": "w1"}] * 3})
+    assert batch.status_code == 413 and batch.json()["code"] == "text_too_long"
+    # the batch above took one of the detector token's 3; two more pass, the next is limited
+    assert [api.call("POST", "/v1/detect", json={"text": "w1 w2"}).status_code for _ in range(2)] == [200] * 2
+    limited = api.call("POST", "/v1/detect", json={"text": "w1 w2"})
+    assert limited.status_code == 429 and limited.json()["code"] == "rate_limited"
+    assert int(limited.headers["retry-after"]) >= 1
+    assert api.call("GET", "/v1/audit", role="auditor").status_code == 200  # other tokens unaffected
+    wrong_method = api.call("DELETE", "/v1/detect", role="auditor")
+    assert wrong_method.status_code == 405 and wrong_method.json()["code"] == "method_not_allowed"
+    unknown = api.call("GET", "/v2/nothing", role=None)
+    assert unknown.status_code == 404 and unknown.json()["code"] == "not_found"
+
+
+def test_invalid_json_is_422_and_authentication_comes_before_validation(api):
+    resp = api.call("POST", "/v1/detect", content=b'{"text": ', headers={"Content-Type": "application/json"})
+    assert resp.status_code == 422 and resp.json()["code"] == "validation_error"
+    assert api.call("POST", "/v1/detect", role=None, json={}).status_code == 401
+    assert api.call("POST", "/v1/detect", role="auditor", json={"alpha": 7}).status_code == 403
+
+
+def test_failed_authentication_flood_is_rate_limited(make_api):
+    api = make_api(auth_fail_per_second=0.001, auth_fail_burst=5)
+    statuses = [api.call("GET", "/v1/audit", role=None).status_code for _ in range(8)]
+    assert statuses == [401] * 5 + [429] * 3
+    assert len(api.registry.audit.page(limit=100, action="auth_failed")) == 5
+
+
+def test_audit_routes(api, planted):
+    for seed in range(3):
+        api.call("POST", "/v1/detect", json={"text": api.text(seed, n=40, planted=planted)})
+    page = api.call("GET", "/v1/audit?limit=2&action=detect", role="auditor").json()
+    assert [e["action"] for e in page["events"]] == ["detect", "detect"]
+    seqs = [e["seq"] for e in page["events"]]
+    assert seqs == sorted(seqs, reverse=True) and page["next_before"] == seqs[-1]
+    rest = api.call("GET", f"/v1/audit?limit=2&action=detect&before={page['next_before']}", role="auditor")
+    assert len(rest.json()["events"]) == 1 and rest.json()["next_before"] is None
+    verify = api.call("GET", "/v1/audit/verify", role="auditor").json()
+    assert verify["ok"] and verify["rows"] == api.registry.audit.count()
+
+
+def test_health_readiness_and_metrics(api, planted, tmp_path):
+    assert api.call("GET", "/healthz", role=None).json() == {"status": "ok"}
+    assert api.call("GET", "/readyz", role=None).json()["status"] == "ready"
+    text = api.text(11, planted=planted)
+    for _ in range(3):
+        api.call("POST", "/v1/detect", json={"text": text})
+    api.call("GET", "/v1/keys", role="detector")  # 403
+    metrics = api.call("GET", "/metrics", role="auditor")
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    lines = metrics.text.splitlines()
+    assert 'wmark_http_requests_total{method="POST",route="/v1/detect",status="200"} 3.0' in lines
+    assert 'wmark_detections_total{verdict="watermarked"} 3.0' in lines
+    assert 'wmark_auth_failures_total{reason="forbidden"} 1.0' in lines
+    assert 'wmark_http_request_duration_seconds_count{method="POST",route="/v1/detect"} 3.0' in lines
+    assert "wmark_detector_builds_total 1.0" in lines
+
+
+def test_readiness_fails_without_a_database(tmp_path):
+    down = RegistryConfig(home=tmp_path, database_url="postgresql+psycopg://nobody@127.0.0.1:1/none")
+    with TestClient(create_app(Settings(registry=down))) as client:
+        assert client.get("/healthz").status_code == 200
+        resp = client.get("/readyz")
+        assert resp.status_code == 503 and resp.json()["code"] == "not_ready"
+    unmigrated = RegistryConfig(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'empty.db'}")
+    with TestClient(create_app(Settings(registry=unmigrated))) as client:
+        resp = client.get("/readyz")
+        assert resp.status_code == 503 and "wmark migrate" in resp.json()["message"]
+
+
+def test_page_is_self_contained(api):
+    resp = api.call("GET", "/", role=None)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    html = resp.text
+    assert "<script src" not in html and "<link" not in html and "http://" not in html
+    assert "https://" not in html
+    csp = resp.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp and "'unsafe-inline'" not in csp
+
+
+def test_no_secret_in_any_response_or_log(api, planted, caplog):
+    caplog.set_level(logging.DEBUG)
+    text = api.text(12, planted=planted)
+    bodies = []
+    for role, method, path, kwargs in [
+        ("detector", "POST", "/v1/detect", {"json": {"text": text, "return_tokens": True}}),
+        ("admin", "GET", "/v1/keys", {}),
+        ("admin", "GET", f"/v1/keys/{api.key.key_id}", {}),
+        ("admin", "POST", f"/v1/keys/{api.key.key_id}/rotate", {}),
+        ("auditor", "GET", "/v1/audit?limit=1000", {}),
+        ("auditor", "GET", "/metrics", {}),
+        ("detector", "GET", "/v1/audit", {}),  # 403
+    ]:
+        resp = api.call(method, path, role=role, **kwargs)
+        bodies.append(resp.text + json.dumps(dict(resp.headers)))
+    bodies.append(api.call("GET", "/v1/audit", role=None, headers={"Authorization": "Bearer wmt_x"}).text)
+    bodies.append(api.client.get("/openapi.json").text)
+    secrets = []
+    for key in api.registry.detection_keys():
+        raw = key.secret.reveal()
+        secrets += [raw.hex(), base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()]
+    secrets.append(RegistryConfig.from_env().key_file.read_text().strip())  # the master key
+    secrets += list(api.tokens.values()) + [t[17:] for t in api.tokens.values()]
+    logs = "\n".join(r.getMessage() + repr(r.args) for r in caplog.records)
+    everything = "\n".join(bodies) + logs
+    for secret in secrets:
+        assert secret not in everything
+    assert "secret" not in json.dumps(api.call("GET", "/v1/keys", role="admin").json())
