@@ -1,0 +1,220 @@
+"""`wmark scan`: which documents of a store carry which key; resumable, local or on Dask."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from wmark.cli.common import console, err_console, open_registry, print_json
+from wmark.detector.rows import ScanSummary
+from wmark.detector.scan import ScanProgress
+from wmark.detector.scan import scan as run
+from wmark.detector.sources import SourceOptions
+
+EXIT_INTERRUPTED = 130
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    # A scheduler's SIGTERM gets the same clean, resumable stop as Ctrl-C.
+    def handler(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def scan(
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", help="Output file: .jsonl, .csv or .parquet; a manifest and a lock go beside it."
+        ),
+    ],
+    urls: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Files, directories (walked), globs or fsspec URLs: s3://, gs://, zip://, http(s)://, "
+            "memory://... (s3/gs need s3fs/gcsfs installed; credentials come from their usual config)."
+        ),
+    ] = None,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="Read every file as txt, md, html, jsonl, csv or parquet. Default: by extension "
+            "(.gz/.bz2/.xz are decompressed).",
+        ),
+    ] = None,
+    field: Annotated[
+        str | None, typer.Option(help="jsonl/csv: the field that holds the text (one document per record).")
+    ] = None,
+    column: Annotated[
+        str | None, typer.Option(help="parquet: the column that holds the text (one document per row).")
+    ] = None,
+    sql: Annotated[
+        str | None,
+        typer.Option(help="Scan a SQL table instead: a SQLAlchemy URL, e.g. postgresql+psycopg://u@host/db."),
+    ] = None,
+    query: Annotated[
+        str | None,
+        typer.Option(help='With --sql: "SELECT id, text FROM ..."; the id column must be unique.'),
+    ] = None,
+    key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--key", "-k", help="Key id to test (repeatable). Default: every active and retired key."
+        ),
+    ] = None,
+    alpha: Annotated[
+        float,
+        typer.Option(help="Significance level per document, family-wise over keys, whole text and windows."),
+    ] = 0.01,
+    window: Annotated[
+        int,
+        typer.Option(
+            help="Shortest window of the passage search, in scored tokens (doubling, 50% overlap); "
+            "0 tests whole documents only."
+        ),
+    ] = 32,
+    resume: Annotated[
+        bool, typer.Option(help="Continue the scan recorded beside --out (after a crash or Ctrl-C).")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option(help="Start again, replacing an existing --out.")] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Worker processes (default: one per CPU; 0 runs in this process)."),
+    ] = None,
+    dask: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on a Dask cluster: a scheduler address (tls://host:8786), or 'local' for a "
+            "LocalCluster of --workers processes."
+        ),
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Documents per task sent to a worker.")] = 128,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+) -> None:
+    """Scan a store of documents for watermarks: one row per document, resumable.
+
+    \b
+    Each document is tested whole and window by window, so a watermarked passage inside a
+    long human text is found; the false-positive rate per document stays at --alpha.
+    Unreadable documents get an error row and the scan goes on.
+    Exit codes: 0 done, 2 bad input, 130 interrupted (continue with --resume).
+
+    \b
+    Examples:
+      wmark scan reports/ --out results.jsonl
+      wmark scan 's3://bucket/submissions/*.jsonl' --field text --out results.parquet
+      wmark scan 'zip://*.md::archive.zip' --out results.csv --workers 4
+      wmark scan --sql postgresql+psycopg://app@db/forum --query "SELECT id, body FROM posts" \\
+          --out posts.jsonl --dask tcp://scheduler:8786
+      wmark scan reports/ --out results.jsonl --resume
+    """
+    options = SourceOptions(format=fmt, field=field, column=column)
+    with open_registry() as registry:
+        keys = registry.detection_keys(key)
+        tokenizers = {sha: registry.tokenizer_json(sha) for sha in {k.spec.tokenizer.sha256 for k in keys}}
+    progress = _progress()
+    task = progress.add_task("scanning", total=None, docs=0, rate=0.0)
+
+    def on_progress(p: ScanProgress) -> None:
+        new = p.documents - p.skipped
+        total = p.bytes_total if p.bytes_total else p.docs_total
+        done = p.bytes_done if p.bytes_total else p.documents
+        rate = new / p.elapsed_s if p.elapsed_s > 0 else 0.0
+        progress.update(task, completed=done, total=total, docs=p.documents, rate=rate)
+
+    try:
+        with _sigterm_as_interrupt(), progress:
+            summary = run(
+                urls=urls or [],
+                sql=sql,
+                query=query,
+                options=options,
+                keys=keys,
+                tokenizers=tokenizers,
+                out=out,
+                alpha=alpha,
+                min_window=window,
+                resume=resume,
+                overwrite=overwrite,
+                workers=workers,
+                dask=dask,
+                batch_docs=batch_size,
+                on_progress=on_progress,
+            )
+    except KeyboardInterrupt:
+        err_console.print(
+            f"[yellow]interrupted:[/] finished documents are saved in {out}; continue with --resume",
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if as_json:
+        print_json(summary.to_dict())
+    else:
+        _table(summary)
+
+
+def _progress() -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[docs]:,} docs · {task.fields[rate]:,.0f} docs/s"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=False,
+    )
+
+
+def _table(summary: ScanSummary) -> None:
+    colour = {
+        "watermarked": "green",
+        "not_detected": "yellow",
+        "insufficient_evidence": "dim",
+        "error": "red",
+    }
+    table = Table(
+        "verdict", "documents", title=f"scan of {summary.documents:,} documents -> {summary.output}"
+    )
+    for verdict, count in summary.by_verdict.items():
+        table.add_row(f"[{colour.get(verdict, 'white')}]{verdict}[/]", f"{count:,}")
+    console.print(table)
+    if summary.by_key:
+        keys = Table("key", "watermarked documents")
+        for key_id, count in summary.by_key.items():
+            keys.add_row(key_id, f"{count:,}")
+        console.print(keys)
+    resumed = f", {summary.resumed:,} from earlier runs" if summary.resumed else ""
+    skipped = f"; {summary.skipped_files:,} files of unknown format skipped" if summary.skipped_files else ""
+    console.print(
+        f"this run: {summary.run_documents:,} documents, {summary.run_tokens:,} tokens in "
+        f"{summary.elapsed_s:.1f} s ({summary.docs_per_s:,.1f} docs/s, {summary.tokens_per_s:,.0f} tokens/s)"
+        f"{resumed}{skipped}",
+        highlight=False,
+    )

@@ -1,0 +1,310 @@
+"""Document formats: turn one file's bytes into records (a text, or why there is none).
+
+txt and md are one document per file, html one document of its visible text; jsonl and csv
+hold one document per record (the text in a named field), parquet one per row (a named
+column). Nothing here opens files or knows where they live (that is `wmark.detector.sources`);
+pyarrow is imported only to read parquet.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from typing import IO, Any
+
+from wmark.errors import InputError
+
+__all__ = ["FORMATS", "Record", "compression_of", "format_of", "records", "visible_text"]
+
+FORMATS = ("txt", "md", "html", "jsonl", "csv", "parquet")
+_EXTENSIONS = {
+    "txt": "txt",
+    "text": "txt",
+    "md": "md",
+    "markdown": "md",
+    "html": "html",
+    "htm": "html",
+    "jsonl": "jsonl",
+    "ndjson": "jsonl",
+    "csv": "csv",
+    "parquet": "parquet",
+    "pq": "parquet",
+}
+_COMPRESSIONS = {"gz": "gzip", "bz2": "bz2", "xz": "xz", "lzma": "lzma"}
+_CSV_FIELD_LIMIT = 1 << 28  # the csv module's default (128 KiB) is shorter than many documents
+
+
+@dataclass(frozen=True)
+class Record:
+    """One document inside a file.
+
+    Attributes:
+        doc_id: its place in the file: "" for the whole file, "line:N" (1-based line of a jsonl
+            file), "row:N" (0-based data row of a csv or parquet file).
+        text: the text, None when it cannot be read.
+        error: why it cannot be read, None when it can.
+    """
+
+    doc_id: str
+    text: str | None
+    error: str | None = None
+
+
+def _suffixes(name: str) -> list[str]:
+    base = name.rsplit("/", 1)[-1]
+    return [s.lower() for s in base.split(".")[1:]]
+
+
+def compression_of(name: str) -> str | None:
+    """The compression a file name says (gzip, bz2, xz, lzma), or None."""
+    suffixes = _suffixes(name)
+    return _COMPRESSIONS.get(suffixes[-1]) if suffixes else None
+
+
+def format_of(name: str) -> str | None:
+    """The document format a file name says, looking past a compression suffix; None if unknown."""
+    suffixes = _suffixes(name)
+    if suffixes and suffixes[-1] in _COMPRESSIONS:
+        suffixes = suffixes[:-1]
+    return _EXTENSIONS.get(suffixes[-1]) if suffixes else None
+
+
+def records(
+    stream: IO[bytes], fmt: str, *, field: str | None = None, column: str | None = None
+) -> Iterator[Record]:
+    """The documents of one file.
+
+    Args:
+        stream: the file's (decompressed) bytes.
+        fmt: one of `FORMATS`.
+        field: the jsonl/csv field holding the text.
+        column: the parquet column holding the text.
+
+    Yields:
+        Records in file order. A problem with one record gives that record an error; a problem
+        with the whole file (bad encoding, corrupt parquet, missing column) gives one record
+        with doc_id "" and ends the file.
+    """
+    if fmt in ("txt", "md"):
+        yield _whole(stream, _decode)
+    elif fmt == "html":
+        yield _whole(stream, lambda data: visible_text(_decode_html(data)))
+    elif fmt == "jsonl":
+        yield from _jsonl(stream, _required(field, "jsonl", "--field"))
+    elif fmt == "csv":
+        yield from _csv(stream, _required(field, "csv", "--field"))
+    elif fmt == "parquet":
+        yield from _parquet(stream, _required(column, "parquet", "--column"))
+    else:
+        raise InputError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+
+
+def _required(name: str | None, fmt: str, flag: str) -> str:
+    if not name:
+        raise InputError(f"{fmt} documents need {flag} NAME (where the text is)")
+    return name
+
+
+class _Unreadable(Exception):
+    """A file or record that cannot be turned into text (the message says why)."""
+
+
+def _whole(stream: IO[bytes], to_text: Callable[[bytes], str]) -> Record:
+    try:
+        return Record("", to_text(stream.read()))
+    except _Unreadable as exc:
+        return Record("", None, str(exc))
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise _Unreadable(f"not UTF-8 text (byte {exc.start} is invalid)") from exc
+
+
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
+
+
+def _decode_html(data: bytes) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        declared = _META_CHARSET.search(data[:4096])
+        if declared is None:
+            raise _Unreadable(f"not UTF-8 and no <meta charset> (byte {exc.start} is invalid)") from exc
+        name = declared.group(1).decode("ascii")
+        try:
+            return data.decode(codecs.lookup(name).name)
+        except (LookupError, UnicodeDecodeError) as exc2:
+            raise _Unreadable(f"cannot decode as its declared charset {name!r}") from exc2
+
+
+_SKIPPED = frozenset({"script", "style", "noscript", "template", "head", "svg", "iframe", "object"})
+_VOID = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+)
+_PARAGRAPH = frozenset(
+    {
+        "address", "article", "aside", "blockquote", "details", "dl", "figure", "footer", "form",
+        "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "main", "nav", "ol", "p", "pre",
+        "section", "table", "ul",
+    }
+)  # fmt: skip
+_LINE = frozenset({"br", "dd", "div", "dt", "figcaption", "li", "summary", "td", "th", "tr"})
+_LINE_BREAK, _PARAGRAPH_BREAK = "\x01", "\x02"  # placeholders, resolved once the page is read
+_BREAKS = re.compile("[ \x01\x02]*[\x01\x02][ \x01\x02]*")
+
+
+class _VisibleText(HTMLParser):
+    """Collects the text a browser shows: no scripts, styles, head or hidden elements."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip: list[list[Any]] = []  # [tag, nesting depth] of the element being skipped
+        self._pre = 0
+
+    def _break(self, tag: str) -> None:
+        if tag in _PARAGRAPH:
+            self.parts.append(_PARAGRAPH_BREAK)
+        elif tag in _LINE:
+            self.parts.append(_LINE_BREAK)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self._skip:
+            if tag == self._skip[-1][0]:
+                self._skip[-1][1] += 1
+            return
+        if tag in _VOID:
+            self._break(tag)
+            return
+        if tag in _SKIPPED or any(name == "hidden" for name, _ in attrs):
+            self._skip.append([tag, 1])
+            return
+        if tag == "pre":
+            self._pre += 1
+        self._break(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._skip:
+            if tag == self._skip[-1][0]:
+                self._skip[-1][1] -= 1
+                if self._skip[-1][1] == 0:
+                    self._skip.pop()
+            return
+        if tag == "pre" and self._pre:
+            self._pre -= 1
+        self._break(tag)
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data if self._pre else re.sub(r"\s+", " ", data))
+
+
+def visible_text(html: str) -> str:
+    """The visible text of an HTML page: blocks on their own lines, paragraphs apart, entities
+    decoded, whitespace collapsed as a browser does (kept inside <pre>)."""
+    parser = _VisibleText()
+    parser.feed(html)
+    parser.close()
+    text = _BREAKS.sub(lambda m: "\n\n" if _PARAGRAPH_BREAK in m.group() else "\n", "".join(parser.parts))
+    return text.strip()
+
+
+def _record(doc_id: str, value: Any, what: str) -> Record:
+    if isinstance(value, str):
+        return Record(doc_id, value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        try:
+            return Record(doc_id, bytes(value).decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return Record(doc_id, None, f"{what} is not UTF-8 text (byte {exc.start} is invalid)")
+    if value is None:
+        return Record(doc_id, None, f"{what} is null")
+    return Record(doc_id, None, f"{what} is not text ({type(value).__name__})")
+
+
+def _jsonl(stream: IO[bytes], field: str) -> Iterator[Record]:
+    for number, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        doc_id = f"line:{number}"
+        try:
+            obj = json.loads(line.decode("utf-8-sig" if number == 1 else "utf-8"))
+        except UnicodeDecodeError as exc:
+            yield Record(doc_id, None, f"not UTF-8 text (byte {exc.start} of the line is invalid)")
+            continue
+        except json.JSONDecodeError as exc:
+            yield Record(doc_id, None, f"invalid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        if not isinstance(obj, dict):
+            yield Record(doc_id, None, f"not a JSON object ({type(obj).__name__})")
+        elif field not in obj:
+            yield Record(doc_id, None, f"no field {field!r} (fields: {', '.join(map(str, obj))[:200]})")
+        else:
+            yield _record(doc_id, obj[field], f"field {field!r}")
+
+
+def _csv(stream: IO[bytes], field: str) -> Iterator[Record]:
+    csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
+    text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+    reader = csv.reader(text)
+    row = -1
+    try:
+        header = next(reader, None)
+        if header is None:
+            yield Record("", None, "empty csv file (no header row)")
+            return
+        if field not in header:
+            yield Record("", None, f"no column {field!r} in the header ({', '.join(header)[:200]})")
+            return
+        index = header.index(field)
+        for row, values in enumerate(reader):
+            if index >= len(values):
+                yield Record(
+                    f"row:{row}", None, f"the row has {len(values)} fields, the header {len(header)}"
+                )
+            else:
+                yield Record(f"row:{row}", values[index])
+    except UnicodeDecodeError as exc:
+        yield Record(
+            "", None, f"not UTF-8 text after data row {row} (byte {exc.start} of a block is invalid)"
+        )
+    except csv.Error as exc:
+        yield Record("", None, f"malformed csv after data row {row} ({exc})")
+    finally:
+        text.detach()  # the caller closes the underlying stream
+
+
+def _parquet(stream: IO[bytes], column: str) -> Iterator[Record]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise InputError("reading parquet needs the scan extra: pip install 'wmark[scan]'") from exc
+    row = 0
+    try:
+        parquet = pq.ParquetFile(stream)
+        names = parquet.schema_arrow.names
+        if column not in names:
+            yield Record("", None, f"no column {column!r} (columns: {', '.join(names)[:200]})")
+            return
+        for batch in parquet.iter_batches(batch_size=1024, columns=[column]):
+            for value in batch.column(0).to_pylist():
+                yield _record(f"row:{row}", value, f"column {column!r}")
+                row += 1
+    except (pa.ArrowException, ValueError) as exc:
+        where = "not a readable parquet file" if row == 0 else f"corrupt parquet after row {row - 1}"
+        yield Record("", None, f"{where} ({_first_line(exc)})")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

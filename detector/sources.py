@@ -1,0 +1,367 @@
+"""Where scanned documents come from: fsspec stores (local, s3://, gs://, zip://, http(s)://, ...)
+and SQL tables.
+
+A document's identity is (source, doc_id): the file's URL (an absolute path for local files)
+and its place in the file, or the SQL URL (password hidden) and the row's id. Identities are
+stable across runs, which is what makes a scan resumable. fsspec is imported only when a store
+is listed (the `[scan]` extra); file formats are read by `wmark.detector.formats`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from wmark.detector.formats import FORMATS, Record, compression_of, format_of, records
+from wmark.errors import InputError
+
+__all__ = ["Document", "FileSource", "SourceOptions", "SqlSource"]
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document to scan, or the reason it cannot be read.
+
+    Attributes:
+        source: the file URL (absolute path for local files) or the SQL URL.
+        doc_id: its place in the source ("" for a whole file, "line:N", "row:N", a SQL id).
+        text: the text, None when unreadable.
+        error: why it is unreadable, else None.
+        nbytes: bytes of the source it accounts for (progress); 0 for SQL rows.
+    """
+
+    source: str
+    doc_id: str
+    text: str | None
+    error: str | None
+    nbytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """How files are read.
+
+    Attributes:
+        format: force this format for every file (else by extension).
+        field: the jsonl/csv field that holds the text.
+        column: the parquet column that holds the text.
+    """
+
+    format: str | None = None
+    field: str | None = None
+    column: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.format is not None and self.format not in FORMATS:
+            raise InputError(f"unknown format {self.format!r}; known: {', '.join(FORMATS)}")
+
+
+def _fsspec() -> Any:
+    try:
+        import fsspec
+        import fsspec.core
+    except ImportError as exc:
+        raise InputError("scanning stores needs the scan extra: pip install 'wmark[scan]'") from exc
+    return fsspec
+
+
+@dataclass(frozen=True)
+class _File:
+    fs: Any
+    path: str
+    label: str
+    size: int
+    format: str
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def _label(fs: Any, path: str, url: str) -> str:
+    if _is_local(fs):
+        return os.path.abspath(path)
+    label = str(fs.unstrip_protocol(path))
+    if "::" not in url:
+        return label
+    targets = [part if "://" in part else os.path.abspath(part) for part in url.split("::")[1:]]
+    return "::".join([label, *targets])
+
+
+def _hidden(relative: str) -> bool:
+    return any(part.startswith(".") for part in relative.split("/") if part)
+
+
+class FileSource:
+    """The files under some fsspec URLs (files, directories walked recursively, globs).
+
+    Listing happens here, at once, so bad URLs fail before a scan starts. Hidden files and
+    directories are skipped when a directory is walked or a glob expanded; files of unknown
+    format found that way are skipped and counted; a named file of unknown format is an error.
+
+    Args:
+        urls: what the user named.
+        options: format, field and column.
+        exclude: local paths never to read (the scan's own output files).
+
+    Raises:
+        InputError: an unknown protocol or a missing driver (e.g. s3fs), a path that does not
+            exist, an unknown format, a jsonl/csv file without --field or parquet without --column.
+    """
+
+    def __init__(self, urls: Sequence[str], options: SourceOptions, exclude: Collection[str] = ()) -> None:
+        if not urls:
+            raise InputError("name at least one file, directory, glob or URL to scan")
+        fsspec = _fsspec()
+        self.options = options
+        self.skipped: list[str] = []
+        self.unlisted: list[Document] = []  # directories that could not be listed
+        excluded = {os.path.realpath(p) for p in exclude}
+        files: dict[str, _File] = {}
+        for url in urls:
+            try:
+                fs, path = fsspec.core.url_to_fs(url)
+            except (ValueError, ImportError, OSError) as exc:
+                raise InputError(f"{url}: {_message(exc)}") from exc
+            for name, size, explicit in self._list(fs, path, url):
+                if _is_local(fs) and os.path.realpath(name) in excluded:
+                    continue
+                fmt = options.format or format_of(name)
+                label = _label(fs, name, url)
+                if fmt is None:
+                    if explicit:
+                        raise InputError(f"{url}: unknown format; pass --format ({', '.join(FORMATS)})")
+                    self.skipped.append(label)
+                    continue
+                files.setdefault(label, _File(fs, name, label, size, fmt))
+        self.files = [files[k] for k in sorted(files)]
+        self._check_options()
+        self.urls = tuple(urls)
+        self.total_bytes = sum(f.size for f in self.files)
+
+    def _check_options(self) -> None:
+        formats = {f.format for f in self.files}
+        if formats & {"jsonl", "csv"} and not self.options.field:
+            raise InputError("jsonl and csv documents need --field NAME (the field that holds the text)")
+        if "parquet" in formats and not self.options.column:
+            raise InputError("parquet documents need --column NAME (the column that holds the text)")
+
+    def _list(self, fs: Any, path: str, url: str) -> Iterator[tuple[str, int, bool]]:
+        try:
+            pattern = any(c in path for c in "*?[")
+            if _is_local(fs) and not pattern and os.path.isdir(path):
+                yield from self._walk_local(path)  # reports directories it cannot list
+                return
+            if pattern:  # like a shell, a glob does not match hidden names
+                found = fs.glob(path, detail=True)
+                root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+                for name in sorted(found):
+                    if found[name].get("type") == "file" and not _hidden(name[len(root) :]):
+                        yield name, int(found[name].get("size") or 0), False
+                return
+            info = {"type": "directory"} if fs.isdir(path) else fs.info(path)
+            if info.get("type") == "directory":
+                root = path.rstrip("/")
+                found = fs.find(path, detail=True)
+                for name in sorted(found):
+                    if not _hidden(name[len(root) :]):
+                        yield name, int(found[name].get("size") or 0), False
+                return
+            yield path, int(info.get("size") or 0), True
+        except FileNotFoundError as exc:
+            raise InputError(f"{url}: no such file or directory") from exc
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{url}: {_message(exc)}") from exc
+
+    def _walk_local(self, root: str) -> Iterator[tuple[str, int, bool]]:
+        def unlisted(exc: OSError) -> None:
+            where = os.path.abspath(exc.filename or root)
+            self.unlisted.append(Document(where, "", None, f"cannot list directory ({_message(exc)})", 0))
+
+        for directory, subdirs, names in os.walk(root, onerror=unlisted):
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+            for name in sorted(names):
+                if name.startswith("."):
+                    continue
+                path = os.path.join(directory, name)
+                try:
+                    if os.path.isfile(path):
+                        yield path, os.path.getsize(path), False
+                except OSError:
+                    yield path, 0, False  # reading it will report why
+
+    def documents(self) -> Iterator[Document]:
+        """Every document of every file, files in sorted order, records in file order."""
+        yield from self.unlisted
+        for file in self.files:
+            yield from self._read(file)
+
+    def _read(self, file: _File) -> Iterator[Document]:
+        try:
+            raw = file.fs.open(file.path, "rb")
+        except OSError as exc:
+            yield Document(file.label, "", None, f"cannot read ({_message(exc)})", file.size)
+            return
+        with raw:
+            compression = compression_of(file.path)
+            stream: IO[bytes] = raw
+            if compression is not None:
+                from fsspec.compression import compr
+
+                stream = compr[compression](raw, mode="rb")
+            yield from self._with_sizes(file, raw, records(stream, file.format, **self._fields()))
+
+    def _fields(self) -> dict[str, str | None]:
+        return {"field": self.options.field, "column": self.options.column}
+
+    @staticmethod
+    def _with_sizes(file: _File, raw: Any, found: Iterator[Record]) -> Iterator[Document]:
+        # Each record accounts for the bytes read up to it; the file's last one takes the rest,
+        # so a file's documents add up to its size (progress in bytes, even when compressed).
+        pending: Record | None = None
+        pending_at = accounted = 0
+        failure: str | None = None
+        while True:
+            try:
+                record = next(found, None)
+            except (OSError, EOFError) as exc:  # the store failed mid-file, or a truncated archive
+                after = f"after {pending.doc_id}" if pending is not None else "at the start"
+                failure = f"read failed {after} ({_message(exc)})"
+                record = None
+            if record is None:
+                break
+            if pending is not None:
+                yield Document(
+                    file.label, pending.doc_id, pending.text, pending.error, pending_at - accounted
+                )
+                accounted = pending_at
+            pending = record
+            pending_at = min(max(_tell(raw), accounted), file.size)
+        rest = max(file.size - accounted, 0)
+        if pending is not None:
+            yield Document(file.label, pending.doc_id, pending.text, pending.error, 0 if failure else rest)
+        if failure is not None:
+            yield Document(file.label, "", None, failure, rest)
+
+
+def _tell(raw: Any) -> int:
+    try:
+        return int(raw.tell())
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+class SqlSource:
+    """Rows of a SQL query, `SELECT id, text FROM ...`, read as a stream through SQLAlchemy.
+
+    The connection and the query are checked when the source is built, so an unreachable
+    database or a bad query fails before a scan starts. The first column identifies a row and
+    must be unique; the second holds the text.
+
+    Args:
+        url: a SQLAlchemy database URL.
+        query: a SELECT with exactly two columns.
+
+    Raises:
+        InputError: a malformed URL, a missing driver, an unreachable database, a bad query or
+            one that does not return two columns.
+    """
+
+    def __init__(self, url: str, query: str) -> None:
+        from sqlalchemy import create_engine, make_url, text
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+        try:
+            parsed = make_url(url)
+            self.engine = create_engine(parsed)
+        except (ArgumentError, NoSuchModuleError, ImportError, ValueError) as exc:
+            raise InputError(f"--sql: not a usable database URL ({_message(exc)})") from exc
+        self.label = parsed.render_as_string(hide_password=True)
+        self.query = query.strip().rstrip(";").strip()
+        self._text = text
+        self._result: Any = None
+        try:
+            self._connection = self.engine.connect()
+        except SQLAlchemyError as exc:
+            self.engine.dispose()
+            raise InputError(f"--sql: cannot connect to {self.label} ({_sql_message(exc)})") from exc
+        try:
+            result = self._connection.execution_options(yield_per=1000).execute(text(self.query))
+        except SQLAlchemyError as exc:
+            self.close()
+            raise InputError(f"--query failed on {self.label}: {_sql_message(exc)}") from exc
+        self._result = result
+        columns = list(result.keys())
+        if len(columns) != 2:
+            self.close()
+            raise InputError(f"--query must return two columns (id, text), got {len(columns)}: {columns}")
+
+    def count(self) -> int | None:
+        """How many rows the query returns, when the database can say it cheaply enough."""
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            with self.engine.connect() as conn:
+                found = conn.execute(
+                    self._text(f"SELECT COUNT(*) FROM ({self.query}) AS wmark_scan")
+                ).scalar()
+        except SQLAlchemyError:
+            return None
+        return int(found) if found is not None else None
+
+    def documents(self) -> Iterator[Document]:
+        """Every row as a document, in the query's order.
+
+        Raises:
+            InputError: an id that is NULL or returned twice (identities would not be stable).
+        """
+        seen: set[str] = set()
+        for doc_id_value, value in self._result:
+            if doc_id_value is None:
+                raise InputError("--query returned a NULL id: the first column must identify each row")
+            doc_id = str(doc_id_value)
+            if doc_id in seen:
+                raise InputError(f"--query returned id {doc_id!r} twice: the first column must be unique")
+            seen.add(doc_id)
+            if isinstance(value, bytes | bytearray | memoryview):
+                try:
+                    value = bytes(value).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    yield Document(
+                        self.label, doc_id, None, f"not UTF-8 text (byte {exc.start} is invalid)", 0
+                    )
+                    continue
+            if value is None:
+                yield Document(self.label, doc_id, None, "the text is NULL", 0)
+            elif not isinstance(value, str):
+                yield Document(self.label, doc_id, None, f"the text is not text ({type(value).__name__})", 0)
+            else:
+                yield Document(self.label, doc_id, value, None, 0)
+
+    def close(self) -> None:
+        """Release the cursor and the connection."""
+        if self._result is not None:
+            self._result.close()
+        self._connection.close()
+        self.engine.dispose()
+
+    def __enter__(self) -> SqlSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _sql_message(exc: BaseException) -> str:
+    original = getattr(exc, "orig", None)
+    return _message(original if original is not None else exc)

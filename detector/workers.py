@@ -1,0 +1,276 @@
+"""Where a scan's detection runs: in this process, a local process pool, or a Dask cluster.
+
+Each worker process builds its `Localizer` once (pool initializer, or cached per process on
+Dask workers, keyed by the scan's token) from a `WorkerConfig`: the keys as `KeyMaterial` (the
+secret pickles, is never logged) and the tokenizers' JSON. Work travels in batches of
+documents; each batch returns one `ScanRow` per document. Tokenisation inside a worker is
+single-threaded, so N workers use N cores. dask.distributed is imported only for `--dask`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from wmark.detector.detect import Detector
+from wmark.detector.localize import Localizer
+from wmark.detector.rows import ScanRow
+from wmark.errors import InputError, WmarkError
+from wmark.keymaterial import KeyMaterial
+
+__all__ = [
+    "Batch",
+    "DaskExecutor",
+    "Executor",
+    "InlineExecutor",
+    "PoolExecutor",
+    "WorkerConfig",
+    "detect_batch",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """What every worker needs to detect (shipped to it once).
+
+    Attributes:
+        keys: the keys to test.
+        tokenizers: tokenizer.json bytes by SHA-256, for the keys' tokenizers.
+        alpha: significance level per document.
+        min_window: shortest window in scored positions (0: whole documents only).
+        token: identifies this configuration in a worker's cache.
+    """
+
+    keys: tuple[KeyMaterial, ...]
+    tokenizers: dict[str, bytes]
+    alpha: float
+    min_window: int
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __repr__(self) -> str:
+        keys = [k.key_id for k in self.keys]
+        return f"WorkerConfig(keys={keys}, alpha={self.alpha}, min_window={self.min_window})"
+
+    def build(self) -> Localizer:
+        """The localizer for these settings (parses the tokenizers)."""
+        detector = Detector(list(self.keys), self.tokenizers)
+        for sha in {k.spec.tokenizer.sha256 for k in self.keys}:
+            detector.tokenizer(sha)
+        return Localizer(detector, min_window=self.min_window)
+
+
+# (source, doc_id, text) of each document of a batch
+Batch = tuple[tuple[str, str, str], ...]
+
+
+def detect_batch(localizer: Localizer, alpha: float, batch: Batch) -> list[ScanRow]:
+    """One row per document of the batch, in order; a document that fails gets an error row."""
+    found = localizer.localize_many([text for _, _, text in batch], alpha=alpha)
+    rows = []
+    for (source, doc_id, _), result in zip(batch, found, strict=True):
+        if isinstance(result, WmarkError):
+            rows.append(ScanRow.failed(source, doc_id, str(result)))
+        else:
+            rows.append(ScanRow.detected(source, doc_id, result))
+    return rows
+
+
+_CACHE: dict[str, Localizer] = {}  # per worker process, by WorkerConfig.token
+_CACHED_SCANS = 4  # a Dask worker may serve a few scans; each localizer holds parsed tokenizers
+
+
+def _single_threaded() -> None:
+    # One core per worker: the tokenizer would otherwise start a thread per core in each worker.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _pool_init(config: WorkerConfig) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    _single_threaded()
+    _CACHE[config.token] = config.build()
+
+
+def _pool_batch(token: str, alpha: float, batch: Batch) -> list[ScanRow]:
+    return detect_batch(_CACHE[token], alpha, batch)
+
+
+def _dask_batch(config: WorkerConfig, batch: Batch) -> list[ScanRow]:
+    localizer = _CACHE.get(config.token)
+    if localizer is None:
+        _single_threaded()
+        while len(_CACHE) >= _CACHED_SCANS:
+            _CACHE.pop(next(iter(_CACHE)))
+        localizer = _CACHE[config.token] = config.build()
+    return detect_batch(localizer, config.alpha, batch)
+
+
+class Executor(Protocol):
+    """Runs batches; futures follow `concurrent.futures.Future` (`result()`, `done()`).
+
+    Attributes:
+        slots: batches it runs at once.
+        generation: bumped by each `restart`, so a scan restarts once per failure.
+    """
+
+    slots: int
+    generation: int
+
+    def submit(self, batch: Batch) -> Any:
+        """Start a batch; returns its future."""
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:
+        """The futures that are done, waiting up to `timeout` seconds for the first one."""
+
+    def restart(self) -> None:
+        """Recover after a worker died (new processes); pending futures are lost."""
+
+    def close(self) -> None:
+        """Stop the workers (cancelling what is still queued)."""
+
+
+class InlineExecutor:
+    """Runs each batch at submission, in this process (`--workers 0`; tests and debugging)."""
+
+    slots = 1
+    generation = 0
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self._localizer = config.build()
+
+    def submit(self, batch: Batch) -> cf.Future[list[ScanRow]]:
+        """Run the batch now."""
+        future: cf.Future[list[ScanRow]] = cf.Future()
+        try:
+            future.set_result(detect_batch(self._localizer, self.config.alpha, batch))
+        except Exception as exc:  # reported as error rows by the scan, like a worker's failure
+            future.set_exception(exc)
+        return future
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:  # noqa: ARG002
+        """Everything is already done."""
+        return list(futures)
+
+    def restart(self) -> None:
+        """Nothing to restart."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class PoolExecutor:
+    """A local pool of worker processes (spawned, so the driver's threads are never forked).
+
+    Args:
+        config: shipped to each worker once, at its start.
+        workers: number of processes.
+    """
+
+    def __init__(self, config: WorkerConfig, workers: int) -> None:
+        if workers < 1:
+            raise InputError(f"--workers must be >= 0, got {workers}")
+        self.config = config
+        self.slots = workers
+        self.generation = 0
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> cf.ProcessPoolExecutor:
+        return cf.ProcessPoolExecutor(
+            max_workers=self.slots,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_pool_init,
+            initargs=(self.config,),
+        )
+
+    def submit(self, batch: Batch) -> cf.Future[list[ScanRow]]:
+        """Queue a batch."""
+        return self._pool.submit(_pool_batch, self.config.token, self.config.alpha, batch)
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:
+        """Done futures, after waiting for the first."""
+        done, _ = cf.wait(futures, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+        return list(done)
+
+    def restart(self) -> None:
+        """Replace a broken pool."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
+        self.generation += 1
+
+    def close(self) -> None:
+        """Cancel queued batches and stop the processes."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class DaskExecutor:
+    """Batches on a Dask cluster: a scheduler address, or "local" for a LocalCluster here.
+
+    Args:
+        config: scattered to every worker once; each worker process builds its localizer from
+            it on first use.
+        address: "local", or a scheduler address such as tcp://host:8786 (use tls:// across
+            machines: the keys' secrets travel to the workers).
+        workers: processes of a LocalCluster (ignored for a remote scheduler).
+
+    Raises:
+        InputError: dask.distributed is not installed or the scheduler cannot be reached.
+    """
+
+    def __init__(self, config: WorkerConfig, address: str, workers: int) -> None:
+        try:
+            import distributed as distributed_module
+        except ImportError as exc:
+            raise InputError("--dask needs the scan extra: pip install 'wmark[scan]'") from exc
+        distributed: Any = distributed_module  # partly typed; used through its documented API only
+        self._distributed = distributed
+        self.config = config
+        self.generation = 0
+        self._cluster: Any = None
+        try:
+            if address == "local":
+                self._cluster = distributed.LocalCluster(
+                    n_workers=max(workers, 1),
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.ERROR,
+                )
+                self._client = distributed.Client(self._cluster)
+            else:
+                self._client = distributed.Client(address, timeout=10)
+        except (OSError, TimeoutError, ValueError) as exc:
+            if self._cluster is not None:
+                self._cluster.close()
+            raise InputError(f"--dask {address}: cannot reach the scheduler ({exc})") from exc
+        self.slots = max(sum(self._client.nthreads().values()), 1)
+        self._config_future = self._client.scatter(config, broadcast=True, hash=False)
+        self._count = 0
+
+    def submit(self, batch: Batch) -> Any:
+        """Queue a batch on the cluster."""
+        self._count += 1
+        key = f"wmark-scan-{self.config.token[:12]}-{self._count}"
+        return self._client.submit(_dask_batch, self._config_future, batch, key=key, pure=False)
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:
+        """Done futures, after waiting for the first."""
+        with contextlib.suppress(TimeoutError):
+            self._distributed.wait(list(futures), timeout=timeout, return_when="FIRST_COMPLETED")
+        return [f for f in futures if f.done()]
+
+    def restart(self) -> None:
+        """Nothing to do: the scheduler reschedules the tasks of a lost worker itself."""
+
+    def close(self) -> None:
+        """Cancel queued batches, disconnect, and stop a LocalCluster."""
+        self._client.close()
+        if self._cluster is not None:
+            self._cluster.close()

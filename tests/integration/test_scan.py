@@ -1,0 +1,405 @@
+"""Scans end to end through `wmark.detector.scan`: every output format, in-process, a local
+process pool and a real Dask LocalCluster, resume and its refusals, worker failures, SQL tables.
+
+Keys have fixed secrets; watermarked documents carry a real (planted) keyed-race watermark, human
+ones are i.i.d. words, so at alpha = 1e-4 a wrong verdict has probability < 1e-4 per document.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy import create_engine, text
+
+from wmark.detector.journal import Journal
+from wmark.detector.rows import COLUMNS, ScanRow
+from wmark.detector.scan import run_scan, scan
+from wmark.detector.sources import Document, SourceOptions
+from wmark.detector.workers import Batch, WorkerConfig, detect_batch
+from wmark.errors import InputError
+
+ALPHA = 1e-4
+OPTIONS = SourceOptions(field="text", column="text")
+
+
+def _words(ids) -> str:
+    return " ".join(f"w{i - 1}" for i in ids)
+
+
+def _human(rng: np.random.Generator, n: int = 120) -> str:
+    return " ".join(f"w{i}" for i in rng.integers(0, 500, size=n))
+
+
+@pytest.fixture()
+def corpus(tmp_path: Path, word_key, planted) -> tuple[Path, set[tuple[str, str]]]:
+    """A folder of every format; returns it and the identities of the watermarked documents."""
+    rng = np.random.default_rng(1)
+    root = tmp_path / "docs"
+    (root / "deep").mkdir(parents=True)
+    marked: set[tuple[str, str]] = set()
+    (root / "marked.txt").write_text(_words(planted(word_key, 150, rng)), encoding="utf-8")
+    marked.add((str(root / "marked.txt"), ""))
+    (root / "human.md").write_text(_human(rng), encoding="utf-8")
+    lines = []
+    for i in range(1, 301):
+        if i % 50 == 0:
+            lines.append(json.dumps({"text": _words(planted(word_key, 120, rng))}))
+            marked.add((str(root / "deep" / "posts.jsonl"), f"line:{i}"))
+        else:
+            lines.append(json.dumps({"text": _human(rng)}))
+    lines.append("{broken json")
+    (root / "deep" / "posts.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    texts = [_human(rng) for _ in range(40)]
+    texts[7] = _words(planted(word_key, 120, rng))
+    marked.add((str(root / "table.parquet"), "row:7"))
+    pq.write_table(pa.table({"text": texts}), root / "table.parquet")
+    (root / "c.csv").write_text("text\n" + "\n".join(_human(rng) for _ in range(20)) + "\n", encoding="utf-8")
+    (root / "latin1.txt").write_bytes("caf\xe9 w1 w2".encode("latin-1"))
+    (root / "blank.txt").write_text("  \n", encoding="utf-8")
+    return root, marked
+
+
+def _scan(root: Path, out: Path, key, tokenizer_json: bytes, **kw: Any):
+    return scan(
+        urls=[str(root)],
+        options=OPTIONS,
+        keys=[key],
+        tokenizers={key.spec.tokenizer.sha256: tokenizer_json},
+        out=out,
+        alpha=ALPHA,
+        **{"workers": 0, **kw},
+    )
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+N_DOCS = 2 + 301 + 40 + 20 + 2
+
+
+def test_one_row_per_document_with_verdicts_errors_and_summary(
+    corpus, tmp_path, word_key, word_tokenizer_json
+):
+    root, marked = corpus
+    out = tmp_path / "out.jsonl"
+    summary = _scan(root, out, word_key, word_tokenizer_json)
+    rows = _jsonl(out)
+    assert len(rows) == N_DOCS == summary.documents
+    ids = [(r["source"], r["doc_id"]) for r in rows]
+    assert len(set(ids)) == len(ids)
+    assert list(rows[0]) == list(COLUMNS)
+    flagged = {(r["source"], r["doc_id"]) for r in rows if r["verdict"] == "watermarked"}
+    assert flagged == marked
+    assert all(
+        r["key_id"] == word_key.key_id and r["p_value"] < 1e-6 for r in rows if r["verdict"] == "watermarked"
+    )
+    errors = {(Path(r["source"]).name, r["doc_id"]): r["error"] for r in rows if r["verdict"] == "error"}
+    assert errors == {
+        ("posts.jsonl", "line:301"): errors[("posts.jsonl", "line:301")],
+        ("latin1.txt", ""): "not UTF-8 text (byte 3 is invalid)",
+        ("blank.txt", ""): "the text is empty",
+    }
+    assert "invalid JSON" in errors[("posts.jsonl", "line:301")]
+    assert summary.by_verdict == {
+        "error": 3,
+        "not_detected": N_DOCS - 3 - len(marked),
+        "watermarked": len(marked),
+    }
+    assert summary.by_key == {word_key.key_id: len(marked)}
+    assert summary.run_documents == N_DOCS and summary.resumed == 0 and summary.docs_per_s > 0
+    marked_row = next(r for r in rows if r["source"].endswith("marked.txt"))
+    assert marked_row["window_start_char"] is not None and marked_row["n_windows"] >= 1
+    manifest = json.loads((tmp_path / "out.jsonl.manifest.json").read_text())
+    assert manifest["complete"] and manifest["committed_rows"] == N_DOCS
+    assert manifest["summary"]["by_verdict"] == summary.by_verdict
+
+
+def test_jsonl_csv_and_parquet_outputs_hold_the_same_rows(corpus, tmp_path, word_key, word_tokenizer_json):
+    root, _ = corpus
+    for name in ("out.jsonl", "out.csv", "out.parquet"):
+        _scan(root, tmp_path / name, word_key, word_tokenizer_json)
+    from_jsonl = _jsonl(tmp_path / "out.jsonl")
+    from_parquet = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert from_parquet == from_jsonl
+    assert pq.read_schema(tmp_path / "out.parquet").field("p_value").type == pa.float64()
+    assert not (tmp_path / "out.parquet.spool.jsonl").exists()
+    import csv
+
+    with open(tmp_path / "out.csv", newline="", encoding="utf-8") as f:
+        from_csv = list(csv.DictReader(f))
+    assert [r["doc_id"] for r in from_csv] == [r["doc_id"] for r in from_jsonl]
+    for c, j in zip(from_csv, from_jsonl, strict=True):
+        assert c["verdict"] == j["verdict"] and c["error"] == (j["error"] or "")
+        assert (c["p_value"] == "") if j["p_value"] is None else float(c["p_value"]) == j["p_value"]
+
+
+def test_process_pool_gives_the_same_output_as_in_process(corpus, tmp_path, word_key, word_tokenizer_json):
+    root, _ = corpus
+    _scan(root, tmp_path / "inline.jsonl", word_key, word_tokenizer_json)
+    _scan(root, tmp_path / "pool.jsonl", word_key, word_tokenizer_json, workers=2, batch_docs=16)
+    assert (tmp_path / "pool.jsonl").read_bytes() == (tmp_path / "inline.jsonl").read_bytes()
+
+
+def test_dask_local_cluster_gives_the_same_output_as_in_process(
+    corpus, tmp_path, word_key, word_tokenizer_json
+):
+    root, _ = corpus
+    _scan(root, tmp_path / "inline.jsonl", word_key, word_tokenizer_json)
+    summary = _scan(
+        root, tmp_path / "dask.jsonl", word_key, word_tokenizer_json, dask="local", workers=2, batch_docs=16
+    )
+    assert (tmp_path / "dask.jsonl").read_bytes() == (tmp_path / "inline.jsonl").read_bytes()
+    assert summary.documents == N_DOCS
+
+
+def test_interrupted_scan_resumes_to_the_uninterrupted_output(
+    corpus, tmp_path, word_key, word_tokenizer_json
+):
+    root, _ = corpus
+    _scan(root, tmp_path / "whole.jsonl", word_key, word_tokenizer_json)
+    out = tmp_path / "out.jsonl"
+
+    def interrupt(progress):
+        if progress.documents >= 100:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _scan(root, out, word_key, word_tokenizer_json, batch_docs=8, on_progress=interrupt)
+    partial = _jsonl(out)
+    assert 100 <= len(partial) < N_DOCS  # what was finished in order is committed
+    assert json.loads((tmp_path / "out.jsonl.manifest.json").read_text())["committed_rows"] == len(partial)
+    with pytest.raises(InputError, match="--resume"):
+        _scan(root, out, word_key, word_tokenizer_json)
+    summary = _scan(root, out, word_key, word_tokenizer_json, resume=True)
+    assert summary.resumed == len(partial) and summary.run_documents == N_DOCS - len(partial)
+    assert summary.documents == N_DOCS
+    assert out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+    again = _scan(root, out, word_key, word_tokenizer_json, resume=True)  # finished: nothing to do
+    assert again.run_documents == 0 and again.by_verdict == summary.by_verdict
+
+
+@pytest.mark.parametrize("name", ["out.jsonl", "out.csv", "out.parquet"])
+def test_a_torn_commit_is_cut_off_on_resume(corpus, tmp_path, word_key, word_tokenizer_json, name):
+    root, _ = corpus
+    reference = tmp_path / f"whole-{name}"
+    _scan(root, reference, word_key, word_tokenizer_json)
+    out = tmp_path / name
+
+    def interrupt(progress):
+        if progress.documents >= 50:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _scan(root, out, word_key, word_tokenizer_json, batch_docs=8, on_progress=interrupt)
+    data = out if not name.endswith("parquet") else tmp_path / f"{name}.spool.jsonl"
+    with open(data, "ab") as f:  # half a chunk written when the power went
+        f.write(b'{"source": "torn", "doc_id": "row:0", "verdict": "watermar')
+    _scan(root, out, word_key, word_tokenizer_json, resume=True)
+    if name.endswith("parquet"):
+        assert pq.read_table(out).to_pylist() == pq.read_table(reference).to_pylist()
+    else:
+        assert out.read_bytes() == reference.read_bytes()
+
+
+def test_resume_refuses_other_settings_and_overwrite_starts_again(
+    corpus, tmp_path, word_key, word_tokenizer_json
+):
+    root, _ = corpus
+    out = tmp_path / "out.jsonl"
+    _scan(root, out, word_key, word_tokenizer_json)
+    with pytest.raises(InputError, match="alpha"):
+        scan(
+            urls=[str(root)],
+            options=OPTIONS,
+            keys=[word_key],
+            tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
+            out=out,
+            alpha=0.05,
+            resume=True,
+            workers=0,
+        )
+    with pytest.raises(InputError, match="min_window"):
+        _scan(root, out, word_key, word_tokenizer_json, resume=True, min_window=64)
+    out.write_text("garbage\n")
+    summary = _scan(root, out, word_key, word_tokenizer_json, overwrite=True)
+    assert summary.documents == N_DOCS and len(_jsonl(out)) == N_DOCS
+    (tmp_path / "out.jsonl.manifest.json").unlink()
+    with pytest.raises(InputError, match="no manifest"):
+        _scan(root, out, word_key, word_tokenizer_json, resume=True)
+
+
+def test_two_scans_cannot_write_one_output(tmp_path):
+    first = Journal.open(tmp_path / "out.jsonl", settings={"a": 1})
+    try:
+        with pytest.raises(InputError, match="another scan"):
+            Journal.open(tmp_path / "out.jsonl", settings={"a": 1}, resume=True)
+    finally:
+        first.close()
+
+
+def test_the_output_and_its_manifest_are_not_scanned_when_inside_the_store(
+    corpus, word_key, word_tokenizer_json
+):
+    root, _ = corpus
+    out = root / "results.jsonl"
+    _scan(root, out, word_key, word_tokenizer_json)
+    again = _scan(root, out, word_key, word_tokenizer_json, overwrite=True)
+    assert again.documents == N_DOCS
+    assert not any(r["source"].startswith(str(out)) for r in _jsonl(out))
+
+
+class _FlakyExecutor:
+    """A fake executor: batches containing `poison` always fail, others fail on first try."""
+
+    slots = 2
+    generation = 0
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.localizer = config.build()
+        self.alpha = config.alpha
+        self.seen: set[Batch] = set()
+        self.restarts = 0
+
+    def submit(self, batch: Batch) -> cf.Future:
+        future: cf.Future = cf.Future()
+        if any(t == "poison" for _, _, t in batch) or batch not in self.seen:
+            self.seen.add(batch)
+            future.set_exception(cf.process.BrokenProcessPool("a worker died"))
+        else:
+            future.set_result(detect_batch(self.localizer, self.alpha, batch))
+        return future
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:  # noqa: ARG002
+        return list(futures)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.generation += 1
+
+    def close(self) -> None:
+        pass
+
+
+def test_failed_batches_are_retried_once_then_reported_as_error_rows(tmp_path, word_key, word_tokenizer_json):
+    rng = np.random.default_rng(3)
+    docs = [Document("mem", f"row:{i}", _human(rng), None, 10) for i in range(20)]
+    docs[13] = Document("mem", "row:13", "poison", None, 10)
+    config = WorkerConfig(
+        keys=(word_key,),
+        tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
+        alpha=ALPHA,
+        min_window=32,
+    )
+    executor = _FlakyExecutor(config)
+    journal = Journal.open(tmp_path / "out.jsonl", settings={})
+    try:
+        summary = run_scan(iter(docs), journal=journal, executor=executor, batch_docs=5)
+    finally:
+        journal.close()
+    rows = _jsonl(tmp_path / "out.jsonl")
+    assert [r["doc_id"] for r in rows] == [f"row:{i}" for i in range(20)]
+    failed = [r["doc_id"] for r in rows if r["verdict"] == "error"]
+    assert failed == [f"row:{i}" for i in range(10, 15)]  # the poisoned batch, after its retry
+    assert all("BrokenProcessPool" in r["error"] for r in rows if r["verdict"] == "error")
+    assert summary.by_verdict == {"error": 5, "not_detected": 15}
+    assert executor.restarts >= 1
+
+
+def test_a_killed_pool_worker_is_replaced_and_nothing_is_lost(
+    corpus, tmp_path, word_key, word_tokenizer_json
+):
+    root, _ = corpus
+    _scan(root, tmp_path / "inline.jsonl", word_key, word_tokenizer_json)
+    killed: list[int] = []
+
+    def kill_a_worker(progress):
+        if not killed and progress.documents >= 20:
+            children = multiprocessing.active_children()
+            assert children, "the pool has no processes"
+            killed.append(children[0].pid)
+            os.kill(children[0].pid, signal.SIGKILL)
+
+    _scan(
+        root,
+        tmp_path / "pool.jsonl",
+        word_key,
+        word_tokenizer_json,
+        workers=2,
+        batch_docs=4,
+        on_progress=kill_a_worker,
+    )
+    assert killed
+    assert (tmp_path / "pool.jsonl").read_bytes() == (tmp_path / "inline.jsonl").read_bytes()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def posts_url(request, tmp_path, word_key, planted) -> str:
+    url = (
+        f"sqlite:///{tmp_path / 'posts.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    rng = np.random.default_rng(4)
+    rows = [{"id": i, "body": _human(rng)} for i in range(1, 201)]
+    rows[41]["body"] = _words(planted(word_key, 150, rng))  # id 42
+    rows.append({"id": 500, "body": None})
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE posts (id INTEGER PRIMARY KEY, body TEXT)"))
+        conn.execute(text("INSERT INTO posts (id, body) VALUES (:id, :body)"), rows)
+    engine.dispose()
+    return url
+
+
+def test_sql_table_scan(posts_url, tmp_path, word_key, word_tokenizer_json):
+    out = tmp_path / "posts.parquet"
+    summary = scan(
+        sql=posts_url,
+        query="SELECT id, body FROM posts ORDER BY id",
+        keys=[word_key],
+        tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
+        out=out,
+        alpha=ALPHA,
+        workers=0,
+    )
+    rows = pq.read_table(out).to_pylist()
+    assert [r["doc_id"] for r in rows] == [str(i) for i in range(1, 201)] + ["500"]
+    assert [r["doc_id"] for r in rows if r["verdict"] == "watermarked"] == ["42"]
+    assert rows[-1]["verdict"] == "error" and rows[-1]["error"] == "the text is NULL"
+    assert summary.by_verdict == {"error": 1, "not_detected": 199, "watermarked": 1}
+
+
+def test_scan_rows_carry_window_fields(word_key, word_tokenizer_json, planted):
+    config = WorkerConfig(
+        keys=(word_key,),
+        tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
+        alpha=ALPHA,
+        min_window=32,
+    )
+    rng = np.random.default_rng(6)
+    text_ = _human(rng, 600) + " " + _words(planted(word_key, 150, rng)) + " " + _human(rng, 600)
+    (row,) = detect_batch(config.build(), ALPHA, (("src", "1", text_),))
+    assert isinstance(row, ScanRow) and row.verdict == "watermarked"
+    assert row.window_start is not None and row.window_end is not None
+    assert min(row.window_end, 750) - max(row.window_start, 600) >= 100  # the passage is tokens 600..750
+    assert (
+        row.window_p_value is not None
+        and row.window_p_raw is not None
+        and row.window_p_raw <= row.window_p_value
+    )
+    assert (
+        text_[row.window_start_char : row.window_end_char].split()
+        == text_.split()[row.window_start : row.window_end]
+    )
