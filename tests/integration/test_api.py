@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -375,8 +376,9 @@ def test_page_is_self_contained(api):
     resp = api.call("GET", "/", role=None)
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
     html = resp.text
-    assert "<script src" not in html and "<link" not in html and "http://" not in html
-    assert "https://" not in html
+    # nothing is loaded from anywhere: no src/href but inline data, no URL at all
+    assert re.findall(r'(?:src|href)="([^"]*)"', html) == ["data:,"]
+    assert "http://" not in html and "https://" not in html and "@import" not in html
     csp = resp.headers["content-security-policy"]
     assert "default-src 'none'" in csp and "connect-src 'self'" in csp and "'unsafe-inline'" not in csp
 
