@@ -26,7 +26,15 @@ check: dev  ## ruff, mypy --strict, import contracts
 	$(VENV)/bin/mypy -p wmark
 	$(VENV)/bin/lint-imports
 
-test: dev  ## the test suite (slow real-model checks excluded; see test-slow)
+# The web page tests drive Debian's Chromium (tests/browser); a fresh machine gets it here.
+CHROMIUM ?= /usr/bin/chromium
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
+	else echo "note: $(CHROMIUM) is missing and cannot be installed here: browser tests will skip"; fi
+
+test: dev $(CHROMIUM)  ## the test suite (slow real-model checks excluded; see test-slow)
 	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 test-slow: dev  ## real-model checks on the embedded pair (CPU: tens of minutes)
