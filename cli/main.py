@@ -8,6 +8,7 @@ from wmark import __version__
 from wmark.cli import audit as audit_cmd
 from wmark.cli import detect as detect_cmd
 from wmark.cli import keys as keys_cmd
+from wmark.cli import scan as scan_cmd
 from wmark.cli import serve as serve_cmd
 from wmark.cli import tokens as tokens_cmd
 from wmark.cli.common import WmarkGroup
@@ -22,6 +23,7 @@ app = typer.Typer(
 )
 app.add_typer(keys_cmd.app, name="keys")
 app.command("detect")(detect_cmd.detect)
+app.command("scan")(scan_cmd.scan)
 app.add_typer(audit_cmd.app, name="audit")
 app.add_typer(tokens_cmd.app, name="tokens")
 app.command("serve")(serve_cmd.serve)

@@ -23,8 +23,7 @@ from rich.table import Table
 
 from wmark.cli.common import console, err_console, open_registry, print_json
 from wmark.detector.rows import ScanSummary
-from wmark.detector.scan import ScanProgress
-from wmark.detector.scan import scan as run
+from wmark.detector.scan import ScanProgress, prepare_scan
 from wmark.detector.sources import SourceOptions
 
 EXIT_INTERRUPTED = 130
@@ -136,6 +135,22 @@ def scan(
     with open_registry() as registry:
         keys = registry.detection_keys(key)
         tokenizers = {sha: registry.tokenizer_json(sha) for sha in {k.spec.tokenizer.sha256 for k in keys}}
+    job = prepare_scan(
+        urls=urls or [],
+        sql=sql,
+        query=query,
+        options=options,
+        keys=keys,
+        tokenizers=tokenizers,
+        out=out,
+        alpha=alpha,
+        min_window=window,
+        resume=resume,
+        overwrite=overwrite,
+        workers=workers,
+        dask=dask,
+        batch_docs=batch_size,
+    )  # every input error is raised here, before the progress bar shows
     progress = _progress()
     task = progress.add_task("scanning", total=None, docs=0, rate=0.0)
 
@@ -147,24 +162,12 @@ def scan(
         progress.update(task, completed=done, total=total, docs=p.documents, rate=rate)
 
     try:
-        with _sigterm_as_interrupt(), progress:
-            summary = run(
-                urls=urls or [],
-                sql=sql,
-                query=query,
-                options=options,
-                keys=keys,
-                tokenizers=tokenizers,
-                out=out,
-                alpha=alpha,
-                min_window=window,
-                resume=resume,
-                overwrite=overwrite,
-                workers=workers,
-                dask=dask,
-                batch_docs=batch_size,
-                on_progress=on_progress,
-            )
+        with job, _sigterm_as_interrupt():
+            if job.summary is not None:
+                summary = job.summary
+            else:
+                with progress:
+                    summary = job.run(on_progress)
     except KeyboardInterrupt:
         err_console.print(
             f"[yellow]interrupted:[/] finished documents are saved in {out}; continue with --resume",

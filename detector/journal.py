@@ -297,6 +297,14 @@ class Journal:
         }
         _write_atomic(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
 
+    def abandon(self) -> None:
+        """Close; a new output with nothing committed is removed, so a retry starts clean."""
+        fresh = self.resumed == 0 and self._committed_rows == 0 and not self.complete
+        self.close()
+        if fresh:
+            for path in (self.manifest_path, self.data_path):
+                path.unlink(missing_ok=True)
+
     def close(self) -> None:
         """Close the data file and release the lock (uncommitted rows are dropped)."""
         if self._data is not None:

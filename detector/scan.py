@@ -1,7 +1,8 @@
 """Batch scans of document stores: read, detect in batches on workers, write rows in order.
 
-`scan` wires a source (fsspec URLs or a SQL query), a crash-safe `Journal` and an executor
-(in-process, local processes or Dask) together; `run_scan` is the loop. The driver reads the
+`prepare_scan` wires a source (fsspec URLs or a SQL query), a crash-safe `Journal` and an
+executor (in-process, local processes or Dask) into a `ScanJob`; `run_scan` is its loop, and
+`scan` does both. The driver reads the
 documents and writes the output; workers only detect, so they need neither storage nor
 database credentials. Rows are committed in the sources' order, so an interrupted scan
 resumed with `--resume` writes the same output as one that was never interrupted.
@@ -33,7 +34,7 @@ from wmark.detector.workers import (
 from wmark.errors import InputError, TokenizerError
 from wmark.keymaterial import KeyMaterial
 
-__all__ = ["ScanProgress", "run_scan", "scan"]
+__all__ = ["ScanJob", "ScanProgress", "prepare_scan", "run_scan", "scan"]
 
 BATCH_DOCS = 128
 BATCH_CHARS = 1 << 21  # caps what one task carries (Dask warns about large tasks)
@@ -269,7 +270,76 @@ def _normalise(url: str) -> str:
     return url if "://" in url or "::" in url else os.path.abspath(os.path.expanduser(url))
 
 
-def scan(
+class ScanJob:
+    """A scan ready to run: sources listed, output opened (or reopened), workers started.
+
+    Build it with `prepare_scan` (every input error surfaces there, before any work), then
+    `run` it; `close` (or a `with` block) releases the workers, the output and the database.
+
+    Attributes:
+        complete: the output already holds a finished scan (`summary` says what it found).
+        summary: the stored summary of a finished scan, else None.
+    """
+
+    def __init__(
+        self,
+        source: FileSource | SqlSource,
+        journal: Journal,
+        executor: Executor | None,
+        batch_docs: int,
+    ) -> None:
+        self._source = source
+        self._journal = journal
+        self._executor = executor
+        self._batch_docs = batch_docs
+        self.complete = journal.complete
+        self.summary: ScanSummary | None = None
+        if journal.complete and journal.summary:  # nothing left for this run to do
+            stored = journal.summary
+            idle = {
+                "run_documents": 0,
+                "run_tokens": 0,
+                "elapsed_s": 0.0,
+                "docs_per_s": 0.0,
+                "tokens_per_s": 0.0,
+            }
+            self.summary = ScanSummary(**{**stored, **idle, "resumed": stored["documents"]})
+
+    def run(self, on_progress: Callable[[ScanProgress], None] | None = None) -> ScanSummary:
+        """Scan what the output does not hold yet; returns (and stores) the summary."""
+        if self.summary is not None:
+            return self.summary
+        assert self._executor is not None  # built for every scan that is not complete
+        source = self._source
+        return run_scan(
+            source.documents(),
+            journal=self._journal,
+            executor=self._executor,
+            batch_docs=self._batch_docs,
+            bytes_total=source.total_bytes if isinstance(source, FileSource) else None,
+            docs_total=source.count() if isinstance(source, SqlSource) else None,
+            skipped_files=len(source.skipped) if isinstance(source, FileSource) else 0,
+            on_progress=on_progress,
+        )
+
+    def close(self) -> None:
+        """Stop the workers, close the output and the database connection."""
+        try:
+            if self._executor is not None:
+                self._executor.close()
+        finally:
+            self._journal.close()
+            if isinstance(self._source, SqlSource):
+                self._source.close()
+
+    def __enter__(self) -> ScanJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def prepare_scan(
     *,
     urls: Sequence[str] = (),
     sql: str | None = None,
@@ -285,9 +355,8 @@ def scan(
     workers: int | None = None,
     dask: str | None = None,
     batch_docs: int = BATCH_DOCS,
-    on_progress: Callable[[ScanProgress], None] | None = None,
-) -> ScanSummary:
-    """Scan fsspec URLs or a SQL query into `out`, resumably.
+) -> ScanJob:
+    """Check everything and get a scan of fsspec URLs or a SQL query into `out` ready to run.
 
     Args:
         urls: files, directories, globs or fsspec URLs (not with `sql`).
@@ -302,16 +371,19 @@ def scan(
         workers: local worker processes (0: in this process; None: one per CPU).
         dask: "local" for a LocalCluster of `workers` processes, or a scheduler address.
         batch_docs: documents per task.
-        on_progress: progress callback.
 
     Raises:
-        InputError: bad sources, options, output or settings (nothing is scanned).
+        InputError: bad sources, options, output, settings or cluster (nothing is scanned, and
+            a new output is not left behind).
+        TokenizerError: a key's tokenizer is missing.
     """
     options = options or SourceOptions()
     if not 0.0 < alpha < 1.0:
         raise InputError(f"--alpha must be between 0 and 1, got {alpha}")
     if min_window < 0:
         raise InputError(f"--window must be >= 0, got {min_window}")
+    if workers is not None and workers < 0:
+        raise InputError(f"--workers must be >= 0, got {workers}")
     if batch_docs < 1:
         raise InputError(f"the batch size must be >= 1, got {batch_docs}")
     if not keys:
@@ -320,65 +392,59 @@ def scan(
         raise InputError("--sql and --query go together")
     if sql is not None and urls:
         raise InputError("scan either URLs or a --sql query, not both")
+    needed = sorted({k.spec.tokenizer.sha256 for k in keys})
+    if missing := [sha[:12] for sha in needed if sha not in tokenizers]:
+        raise TokenizerError(f"no tokenizer.json for {', '.join(missing)}")
     out = out.expanduser().absolute()
     fmt = output_format(out)
-    settings: dict[str, Any] = {
-        "sources": [_normalise(u) for u in urls],
-        "sql": None,
-        "query": query,
-        "format": options.format,
-        "field": options.field,
-        "column": options.column,
-        "keys": sorted(k.key_id for k in keys),
-        "alpha": alpha,
-        "min_window": min_window,
-        "output_format": fmt,
-    }
-    own = [
-        str(out.with_name(out.name + suffix)) for suffix in ("", ".manifest.json", ".spool.jsonl", ".lock")
-    ]
+    own = [str(out.with_name(out.name + s)) for s in ("", ".manifest.json", ".spool.jsonl", ".lock")]
     source: FileSource | SqlSource = (
         SqlSource(sql, query or "") if sql is not None else FileSource(urls, options, exclude=own)
     )
     try:
-        if isinstance(source, SqlSource):
-            settings["sql"] = source.label
+        settings: dict[str, Any] = {
+            "sources": [_normalise(u) for u in urls],
+            "sql": source.label if isinstance(source, SqlSource) else None,
+            "query": query,
+            "format": options.format,
+            "field": options.field,
+            "column": options.column,
+            "keys": sorted(k.key_id for k in keys),
+            "alpha": alpha,
+            "min_window": min_window,
+            "output_format": fmt,
+        }
         journal = Journal.open(out, settings=settings, resume=resume, overwrite=overwrite)
-        try:
-            if journal.complete:
-                return ScanSummary(**{**(journal.summary or {}), "run_documents": 0, "run_tokens": 0})
-            needed = sorted({k.spec.tokenizer.sha256 for k in keys})
-            if missing := [sha[:12] for sha in needed if sha not in tokenizers]:
-                raise TokenizerError(f"no tokenizer.json for {', '.join(missing)}")
-            config = WorkerConfig(
-                keys=tuple(keys),
-                tokenizers={sha: tokenizers[sha] for sha in needed},
-                alpha=alpha,
-                min_window=min_window,
-            )
-            n_workers = workers if workers is not None else (os.cpu_count() or 1)
-            executor: Executor
-            if dask is not None:
-                executor = DaskExecutor(config, dask, n_workers)
-            elif n_workers == 0:
-                executor = InlineExecutor(config)
-            else:
-                executor = PoolExecutor(config, n_workers)
-            try:
-                return run_scan(
-                    source.documents(),
-                    journal=journal,
-                    executor=executor,
-                    batch_docs=batch_docs,
-                    bytes_total=source.total_bytes if isinstance(source, FileSource) else None,
-                    docs_total=source.count() if isinstance(source, SqlSource) else None,
-                    skipped_files=len(source.skipped) if isinstance(source, FileSource) else 0,
-                    on_progress=on_progress,
-                )
-            finally:
-                executor.close()
-        finally:
-            journal.close()
-    finally:
+    except BaseException:
         if isinstance(source, SqlSource):
             source.close()
+        raise
+    if journal.complete:
+        return ScanJob(source, journal, None, batch_docs)
+    config = WorkerConfig(
+        keys=tuple(keys),
+        tokenizers={sha: tokenizers[sha] for sha in needed},
+        alpha=alpha,
+        min_window=min_window,
+    )
+    n_workers = workers if workers is not None else (os.cpu_count() or 1)
+    try:
+        executor: Executor
+        if dask is not None:
+            executor = DaskExecutor(config, dask, n_workers)
+        elif n_workers == 0:
+            executor = InlineExecutor(config)
+        else:
+            executor = PoolExecutor(config, n_workers)
+    except BaseException:
+        journal.abandon()
+        if isinstance(source, SqlSource):
+            source.close()
+        raise
+    return ScanJob(source, journal, executor, batch_docs)
+
+
+def scan(*, on_progress: Callable[[ScanProgress], None] | None = None, **kwargs: Any) -> ScanSummary:
+    """`prepare_scan(**kwargs)`, then run it to the end; see `prepare_scan` for the arguments."""
+    with prepare_scan(**kwargs) as job:
+        return job.run(on_progress)

@@ -219,12 +219,15 @@ class DaskExecutor:
         address: "local", or a scheduler address such as tcp://host:8786 (use tls:// across
             machines: the keys' secrets travel to the workers).
         workers: processes of a LocalCluster (ignored for a remote scheduler).
+        connect_timeout: seconds to wait for a remote scheduler.
 
     Raises:
         InputError: dask.distributed is not installed or the scheduler cannot be reached.
     """
 
-    def __init__(self, config: WorkerConfig, address: str, workers: int) -> None:
+    def __init__(
+        self, config: WorkerConfig, address: str, workers: int, *, connect_timeout: float = 10.0
+    ) -> None:
         try:
             import distributed as distributed_module
         except ImportError as exc:
@@ -245,7 +248,7 @@ class DaskExecutor:
                 )
                 self._client = distributed.Client(self._cluster)
             else:
-                self._client = distributed.Client(address, timeout=10)
+                self._client = distributed.Client(address, timeout=connect_timeout)
         except (OSError, TimeoutError, ValueError) as exc:
             if self._cluster is not None:
                 self._cluster.close()

@@ -403,3 +403,37 @@ def test_scan_rows_carry_window_fields(word_key, word_tokenizer_json, planted):
         text_[row.window_start_char : row.window_end_char].split()
         == text_.split()[row.window_start : row.window_end]
     )
+
+
+def test_an_unreachable_dask_scheduler_is_an_input_error_and_leaves_no_output(
+    word_key, word_tokenizer_json, tmp_path
+):
+    from wmark.detector.workers import DaskExecutor
+
+    config = WorkerConfig(
+        keys=(word_key,),
+        tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
+        alpha=ALPHA,
+        min_window=32,
+    )
+    with pytest.raises(InputError, match="cannot reach the scheduler"):
+        DaskExecutor(config, "tcp://127.0.0.1:9", 1, connect_timeout=1)
+    (tmp_path / "a.txt").write_text("w1 w2 w3", encoding="utf-8")
+    with pytest.raises(InputError, match="--workers"):
+        _scan(tmp_path / "a.txt", tmp_path / "out.jsonl", word_key, word_tokenizer_json, workers=-1)
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.jsonl.manifest.json").exists()
+
+
+def test_abandoning_a_new_output_removes_it_but_keeps_committed_work(tmp_path):
+    fresh = Journal.open(tmp_path / "new.jsonl", settings={"a": 1})
+    fresh.abandon()
+    assert not (tmp_path / "new.jsonl").exists() and not (tmp_path / "new.jsonl.manifest.json").exists()
+    kept = Journal.open(tmp_path / "kept.jsonl", settings={"a": 1})
+    kept.add([ScanRow.failed("s", "1", "x")])
+    kept.commit()
+    kept.abandon()
+    resumed = Journal.open(tmp_path / "kept.jsonl", settings={"a": 1}, resume=True)
+    try:
+        assert resumed.done == {("s", "1")}
+    finally:
+        resumed.close()

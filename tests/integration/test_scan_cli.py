@@ -1,0 +1,210 @@
+"""`wmark scan` on the command line: registry keys, summary table and JSON, object-store and SQL
+sources, one-line errors with exit code 2 on bad input, and that heavy imports stay lazy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
+
+from wmark.cli.main import app
+from wmark.keys import KeyRegistry, RegistryConfig
+
+runner = CliRunner()
+
+
+def _invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.fixture()
+def key_id(tmp_path: Path, word_tokenizer_json: bytes) -> str:
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(word_tokenizer_json)
+    result = _invoke("keys", "create", "scan-test", "--tokenizer", str(path))
+    assert result.exit_code == 0, result.output
+    return result.stdout.strip()
+
+
+def _marked(key_id: str, planted, seed: int) -> str:
+    with KeyRegistry.open(RegistryConfig.from_env()) as registry:
+        key = registry.material(key_id)
+    return " ".join(f"w{i - 1}" for i in planted(key, 150, np.random.default_rng(seed)))
+
+
+def _human(seed: int) -> str:
+    return " ".join(f"w{i}" for i in np.random.default_rng(seed).integers(0, 500, size=150))
+
+
+@pytest.fixture()
+def docs(tmp_path: Path, key_id: str, planted) -> Path:
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "marked.txt").write_text(_marked(key_id, planted, 1), encoding="utf-8")
+    (root / "human.txt").write_text(_human(2), encoding="utf-8")
+    lines = [json.dumps({"body": _human(10 + i)}) for i in range(30)]
+    lines[4] = json.dumps({"body": _marked(key_id, planted, 3)})
+    (root / "posts.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def test_scan_prints_a_summary_and_writes_rows(docs, tmp_path, key_id):
+    out = tmp_path / "out.jsonl"
+    result = _invoke(
+        "scan", str(docs), "--field", "body", "--out", str(out), "--workers", "0", "--alpha", "1e-4"
+    )
+    assert result.exit_code == 0, result.output
+    assert "watermarked" in result.stdout and "not_detected" in result.stdout and key_id in result.stdout
+    assert "docs/s" in result.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 32
+    marked = sorted((Path(r["source"]).name, r["doc_id"]) for r in rows if r["verdict"] == "watermarked")
+    assert marked == [("marked.txt", ""), ("posts.jsonl", "line:5")]
+
+    again = _invoke(
+        "scan", str(docs), "--field", "body", "--out", str(out), "--resume", "--json", "--alpha", "1e-4"
+    )
+    summary = json.loads(again.stdout)
+    assert summary["documents"] == 32 and summary["run_documents"] == 0
+    assert summary["by_key"] == {key_id: 2}
+
+
+def test_scan_selected_key_json_summary_and_memory_store(tmp_path, key_id, planted):
+    fs = fsspec.filesystem("memory")
+    fs.pipe(
+        {"/cli-bucket/a.md": _marked(key_id, planted, 5).encode(), "/cli-bucket/b.md": _human(6).encode()}
+    )
+    try:
+        out = tmp_path / "out.csv"
+        result = _invoke(
+            "scan", "memory://cli-bucket", "--key", key_id, "--out", str(out), "--json", "--workers", "0"
+        )
+    finally:
+        fs.rm("/cli-bucket", recursive=True)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["by_verdict"] == {"not_detected": 1, "watermarked": 1}
+    assert out.read_text().splitlines()[0].startswith("source,doc_id,verdict,p_value")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def table_url(request, tmp_path) -> str:
+    url = (
+        f"sqlite:///{tmp_path / 'forum.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE posts (post_id INTEGER PRIMARY KEY, body TEXT)"))
+        conn.execute(
+            text("INSERT INTO posts VALUES (:i, :b)"), [{"i": i, "b": _human(100 + i)} for i in range(1, 51)]
+        )
+    engine.dispose()
+    return url
+
+
+def test_scan_a_sql_table(table_url, tmp_path, key_id):
+    out = tmp_path / "posts.jsonl"
+    result = _invoke(
+        "scan", "--sql", table_url, "--query", "SELECT post_id, body FROM posts", "--out", str(out), "--json",
+        "--workers", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(int(r["doc_id"]) for r in rows) == list(range(1, 51))
+    assert json.loads(result.stdout)["documents"] == 50
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "docx"], "unknown format 'docx'"),
+        ([], "--field"),
+        (["--field", "body", "--key", "wk_000000000000"], "no key with id"),
+        (["--field", "body", "--alpha", "2"], "--alpha"),
+        (["--field", "body", "--window", "-1"], "--window"),
+        (["--field", "body", "--workers", "-1"], "--workers"),
+    ],
+    ids=["unknown-format", "missing-field", "unknown-key", "bad-alpha", "bad-window", "bad-workers"],
+)
+def test_bad_input_is_one_line_and_exit_2(docs, tmp_path, key_id, args, message):
+    result = _invoke("scan", str(docs), "--out", str(tmp_path / "out.jsonl"), *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--sql", "postgresql+psycopg://nobody@127.0.0.1:9/none", "--query", "SELECT 1, 2"],
+            "cannot connect",
+        ),
+        (["--sql", "sqlite:///x.db"], "--sql and --query go together"),
+        (["/no/such/dir"], "no such file or directory"),
+        (["nosuch://bucket/x"], "Protocol not known"),
+    ],
+    ids=["unreachable-sql", "sql-without-query", "missing-path", "unknown-protocol"],
+)
+def test_bad_sources_are_one_line_and_exit_2(tmp_path, key_id, args, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("w1 w2 w3", encoding="utf-8")
+    result = _invoke("scan", "--out", str(tmp_path / "out.jsonl"), *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_output_and_resume_conflicts_exit_2(docs, tmp_path, key_id):
+    result = _invoke("scan", str(docs), "--field", "body", "--out", str(tmp_path / "out.txt"))
+    assert result.exit_code == 2 and "extension" in result.stderr
+    out = str(tmp_path / "out.jsonl")
+    assert _invoke("scan", str(docs), "--field", "body", "--out", out, "--workers", "0").exit_code == 0
+    exists = _invoke("scan", str(docs), "--field", "body", "--out", out)
+    assert exists.exit_code == 2 and "--resume" in exists.stderr
+    changed = _invoke("scan", str(docs), "--field", "body", "--out", out, "--resume", "--alpha", "0.05")
+    assert changed.exit_code == 2 and "other settings (alpha)" in changed.stderr
+
+
+def test_no_keys_in_the_registry_is_exit_2(tmp_path):
+    (tmp_path / "a.txt").write_text("w1 w2", encoding="utf-8")
+    result = _invoke("scan", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out.jsonl"))
+    assert result.exit_code == 2 and "no keys" in result.stderr
+
+
+def test_help_explains_sources_windows_and_resume():
+    result = _invoke("scan", "--help")
+    assert result.exit_code == 0
+    for word in (
+        "--field",
+        "--column",
+        "--sql",
+        "--query",
+        "--resume",
+        "--dask",
+        "--window",
+        "--workers",
+        "s3://",
+    ):
+        assert word in result.stdout
+
+
+def test_heavy_scan_dependencies_are_imported_lazily():
+    code = (
+        "import sys\n"
+        "import wmark.detector, wmark.detector.scan, wmark.cli.main\n"
+        "heavy = [m for m in ('fsspec', 'pyarrow', 'dask', 'distributed') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == ""
