@@ -198,14 +198,15 @@ class Journal:
         self._data.seek(0, os.SEEK_END)
 
     def _read_committed(self) -> Iterator[dict[str, Any]]:
-        assert self._data is not None
-        self._data.seek(0)
-        data = self._data.read(self._committed_bytes)
+        # Called once the data file holds exactly the committed rows (after the truncation of a
+        # resume, or the last commit), so it streams the whole file.
         if self.format == "csv":
-            yield from csv.DictReader(io.StringIO(data.decode("utf-8"), newline=""))
+            with open(self.data_path, encoding="utf-8", newline="") as text:
+                yield from csv.DictReader(text)
         else:
-            for line in data.splitlines():
-                yield json.loads(line)
+            with open(self.data_path, "rb") as f:
+                for line in f:
+                    yield json.loads(line)
 
     def add(self, rows: Sequence[ScanRow]) -> None:
         """Buffer rows (written and made durable by the next `commit`)."""

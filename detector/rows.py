@@ -85,7 +85,7 @@ class ScanRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a flat dict, columns in `COLUMNS` order."""
-        return asdict(self)
+        return {name: getattr(self, name) for name in COLUMNS}  # flat: no deep copy as in asdict
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScanRow))

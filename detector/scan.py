@@ -266,6 +266,13 @@ def _retry_or_fail(
     complete(task, [ScanRow.failed(source, doc_id, message) for source, doc_id, _ in task.work])
 
 
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the CPUs this process may use (containers)
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
 def _normalise(url: str) -> str:
     return url if "://" in url or "::" in url else os.path.abspath(os.path.expanduser(url))
 
@@ -427,7 +434,7 @@ def prepare_scan(
         alpha=alpha,
         min_window=min_window,
     )
-    n_workers = workers if workers is not None else (os.cpu_count() or 1)
+    n_workers = workers if workers is not None else _cpus()
     try:
         executor: Executor
         if dask is not None:

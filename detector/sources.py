@@ -91,6 +91,15 @@ def _label(fs: Any, path: str, url: str) -> str:
     return "::".join([label, *targets])
 
 
+def _is_directory(fs: Any, path: str) -> bool:
+    # Any web page with links looks like a directory to fsspec's http store: there, only a URL
+    # ending in "/" is read as a directory listing.
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("http", "https"):
+        return path.endswith("/")
+    return bool(fs.isdir(path))
+
+
 def _hidden(relative: str) -> bool:
     return any(part.startswith(".") for part in relative.split("/") if part)
 
@@ -162,7 +171,7 @@ class FileSource:
                     if found[name].get("type") == "file" and not _hidden(name[len(root) :]):
                         yield name, int(found[name].get("size") or 0), False
                 return
-            info = {"type": "directory"} if fs.isdir(path) else fs.info(path)
+            info = {"type": "directory"} if _is_directory(fs, path) else fs.info(path)
             if info.get("type") == "directory":
                 root = path.rstrip("/")
                 found = fs.find(path, detail=True)
@@ -301,6 +310,9 @@ class SqlSource:
             self.close()
             raise InputError(f"--query failed on {self.label}: {_sql_message(exc)}") from exc
         self._result = result
+        if not result.returns_rows:  # never committed: the connection closes with a rollback
+            self.close()
+            raise InputError("--query must be a SELECT returning (id, text)")
         columns = list(result.keys())
         if len(columns) != 2:
             self.close()

@@ -246,7 +246,7 @@ def http_root(store) -> Iterator[str]:
         thread.join()
 
 
-def test_http_server_directory_listing_and_single_file(http_root):
+def test_http_server_directory_listing_and_single_file(http_root, store):
     single = _docs(FileSource([f"{http_root}/store/a.txt"], OPTIONS))
     assert single == {(f"{http_root}/store/a.txt", ""): ("plain text document\n", None)}
     walked = FileSource([f"{http_root}/store/"], OPTIONS)
@@ -255,6 +255,9 @@ def test_http_server_directory_listing_and_single_file(http_root):
     assert docs[(f"{http_root}/store/sub/b.md", "")] == ("# Title\n\nSome *markdown*.\n", None)
     with pytest.raises(InputError, match="no such file"):
         FileSource([f"{http_root}/store/missing.txt"], OPTIONS)
+    (store / "links.html").write_text('<p>see <a href="a.txt">this</a></p>', encoding="utf-8")
+    page = _docs(FileSource([f"{http_root}/store/links.html"], OPTIONS))  # a page, not a listing
+    assert page == {(f"{http_root}/store/links.html", ""): ("see this", None)}
 
 
 def test_permission_denied_files_and_folders_become_error_documents(store):
@@ -333,6 +336,10 @@ def test_sql_errors_fail_before_scanning(sql_url):
         SqlSource("postgresql+psycopg://nobody:secret@127.0.0.1:9/none", "SELECT 1, 2")
     with pytest.raises(InputError, match="not a usable database URL"):
         SqlSource("notadb://x", "SELECT 1, 2")
+    with pytest.raises(InputError, match="must be a SELECT|--query failed"):  # PostgreSQL: server cursor
+        SqlSource(sql_url, "DELETE FROM posts")
+    with SqlSource(sql_url, "SELECT id, body FROM posts") as source:
+        assert source.count() == 2501  # the DELETE was rolled back
 
 
 def test_sql_password_never_appears_in_the_source_label(pg_url):

@@ -1,0 +1,141 @@
+"""`wmark scan` throughput against in-process detection, side by side on one corpus.
+
+    .venv/bin/python bench/scan_throughput.py [--docs 2000] [--rounds 1]
+
+The corpus is human text found on this machine (`system_corpus`), written as one JSONL file,
+tokenised with the production (Qwen2.5) tokenizer, one key. Rows:
+
+- in-process `Detector.detect()`, one document at a time (the reference of the issue), and
+  `Localizer.localize()` (whole document + window search, what a scan computes per document);
+- `scan()` with 1 and 2 local worker processes and a 2-worker Dask LocalCluster, reading the
+  file, batching, detecting with window search and writing the JSONL output with its manifest.
+
+For scans, "end to end" includes starting the workers; "steady" is measured from the first
+finished batch to the end (progress callbacks), which is what a long scan sees. The last
+column divides the steady rate by (workers x in-process `detect()` rate): the issue's target is
+>= 0.8. Rounds alternate the rows so that drift of this shared machine hits all of them alike;
+the median is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from wmark import KeyMaterial, Secret, WatermarkSpec
+from wmark.detector import Detector, TextTokenizer
+from wmark.detector.corpus import system_corpus
+from wmark.detector.localize import Localizer
+from wmark.detector.scan import ScanProgress, scan
+from wmark.detector.sources import SourceOptions
+
+
+def _timed_scan(
+    path: Path, out: Path, key: KeyMaterial, tokenizers: dict[str, bytes], **kw: object
+) -> tuple[float, float]:
+    """(end-to-end seconds, steady docs/s) of one scan."""
+    marks: list[tuple[float, int]] = []
+
+    def progress(p: ScanProgress) -> None:
+        marks.append((time.perf_counter(), p.documents))
+
+    for suffix in ("", ".manifest.json"):
+        Path(str(out) + suffix).unlink(missing_ok=True)
+    start = time.perf_counter()
+    summary = scan(
+        urls=[str(path)],
+        options=SourceOptions(field="text"),
+        keys=[key],
+        tokenizers=tokenizers,
+        out=out,
+        on_progress=progress,
+        **kw,  # type: ignore[arg-type]
+    )
+    total = time.perf_counter() - start
+    first = next((t, d) for t, d in marks if d > 0)
+    last = marks[-1]
+    assert last[1] == summary.documents
+    return total, (last[1] - first[1]) / (last[0] - first[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+
+    from wmark.generator.embedded import embedded_tokenizer_json
+
+    data = embedded_tokenizer_json()
+    tok = TextTokenizer(data, "qwen2.5-coder")
+    key = KeyMaterial(
+        key_id="wk_bench00",
+        secret=Secret(hashlib.sha256(b"bench0").digest()),
+        spec=WatermarkSpec(tokenizer=tok.ref),
+    )
+    tokenizers = {tok.sha256: data}
+    texts = [d.text for d in system_corpus(args.docs)]
+    n_docs = len(texts)
+    n_tokens = sum(len(ids) for ids in tok.encode_batch(texts))
+    detector = Detector([key], tokenizers)
+    detector.tokenizer(tok.sha256)  # parse tokenizer.json outside the timed region
+    localizer = Localizer(detector)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+        out = Path(tmp) / "out.jsonl"
+
+        def in_process(fn: Callable[[str], object]) -> Callable[[], tuple[float, float]]:
+            def run() -> tuple[float, float]:
+                start = time.perf_counter()
+                for t in texts:
+                    fn(t)
+                elapsed = time.perf_counter() - start
+                return elapsed, n_docs / elapsed
+
+            return run
+
+        rows: dict[str, tuple[int, Callable[[], tuple[float, float]]]] = {
+            "in-process Detector.detect()": (1, in_process(detector.detect)),
+            "in-process Localizer.localize()": (1, in_process(localizer.localize)),
+            "scan, 1 local worker": (1, lambda: _timed_scan(corpus, out, key, tokenizers, workers=1)),
+            "scan, 2 local workers": (2, lambda: _timed_scan(corpus, out, key, tokenizers, workers=2)),
+            "scan, Dask LocalCluster, 2 workers": (
+                2,
+                lambda: _timed_scan(corpus, out, key, tokenizers, dask="local", workers=2),
+            ),
+        }
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
+        for _ in range(args.rounds):
+            for name, (_, fn) in rows.items():
+                results[name].append(fn())
+
+    base = statistics.median(r[1] for r in results["in-process Detector.detect()"])
+    print(
+        f"{n_docs:,} documents, {n_tokens:,} Qwen2.5 tokens ({n_tokens / n_docs:,.0f} per document), 1 key, "
+        f"{os.cpu_count()} CPUs, median of {args.rounds} round(s)\n"
+    )
+    print(
+        "| run | workers | end to end: docs/s | tokens/s | steady: docs/s | tokens/s | steady / (workers x detect) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, (workers, _) in rows.items():
+        wall = statistics.median(r[0] for r in results[name])
+        steady = statistics.median(r[1] for r in results[name])
+        e2e = n_docs / wall
+        print(
+            f"| {name} | {workers} | {e2e:,.0f} | {e2e * n_tokens / n_docs:,.0f} | {steady:,.0f} | "
+            f"{steady * n_tokens / n_docs:,.0f} | {steady / (workers * base):.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
