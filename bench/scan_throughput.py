@@ -124,7 +124,8 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, median of {args.rounds} round(s)\n"
     )
     print(
-        "| run | workers | end to end: docs/s | tokens/s | steady: docs/s | tokens/s | steady / (workers x detect) |"
+        "| run | workers | end to end: docs/s | tokens/s | steady: docs/s | tokens/s "
+        "| steady / (workers x detect) |"
     )
     print("|---|---|---|---|---|---|---|")
     for name, (workers, _) in rows.items():
