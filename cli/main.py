@@ -6,7 +6,9 @@ import typer
 
 from wmark import __version__
 from wmark.cli import audit as audit_cmd
+from wmark.cli import demo as demo_cmd
 from wmark.cli import detect as detect_cmd
+from wmark.cli import generate as generate_cmd
 from wmark.cli import keys as keys_cmd
 from wmark.cli import scan as scan_cmd
 from wmark.cli import serve as serve_cmd
@@ -21,6 +23,8 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,  # locals may hold secrets
     add_completion=False,
 )
+app.command("demo")(demo_cmd.demo)
+app.command("generate")(generate_cmd.generate_cmd)
 app.add_typer(keys_cmd.app, name="keys")
 app.command("detect")(detect_cmd.detect)
 app.command("scan")(scan_cmd.scan)

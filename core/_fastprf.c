@@ -305,6 +305,39 @@ static PyObject *pivots(PyObject *self, PyObject *args) {
     return out;
 }
 
+PyDoc_STRVAR(uniforms_doc,
+             "uniforms(seed, tokens, arrivals) -> bytes\n\n"
+             "U(tokens[i], arrivals[i]) under one 32-byte context seed, for native-endian uint32 buffers\n"
+             "of equal length n; returns n float64 values as bytes.");
+
+static PyObject *uniforms(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer seed, tokens, arrivals;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &seed, &tokens, &arrivals)) return NULL;
+    PyObject *out = NULL;
+    if (seed.len < 16) {
+        PyErr_SetString(PyExc_ValueError, "seed must have at least 16 bytes");
+    } else if (tokens.len != arrivals.len || tokens.len % 4 != 0) {
+        PyErr_SetString(PyExc_ValueError, "tokens and arrivals must be uint32 buffers of equal length");
+    } else {
+        Py_ssize_t n = tokens.len / 4;
+        out = PyBytes_FromStringAndSize(NULL, n * 8);
+        if (out) {
+            double *dst = (double *)PyBytes_AS_STRING(out);
+            const uint32_t *tok = (const uint32_t *)tokens.buf, *arr = (const uint32_t *)arrivals.buf;
+            uint8_t key[32] = {0};
+            memcpy(key, seed.buf, seed.len < 32 ? (size_t)seed.len : 32);
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t i = 0; i < n; i++) dst[i] = seed_uniform(key, tok[i], arr[i]);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    PyBuffer_Release(&seed);
+    PyBuffer_Release(&tokens);
+    PyBuffer_Release(&arrivals);
+    return out;
+}
+
 static inline uint64_t mix64(uint64_t x) {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdULL;
@@ -388,6 +421,7 @@ static PyObject *use_portable(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"context_seeds", context_seeds, METH_VARARGS, context_seeds_doc},
     {"pivots", pivots, METH_VARARGS, pivots_doc},
+    {"uniforms", uniforms, METH_VARARGS, uniforms_doc},
     {"first_occurrence", first_occurrence, METH_VARARGS, first_occurrence_doc},
     {"backend", backend, METH_NOARGS, "Which SHA-256 implementation is in use: 'sha-ni' or 'portable'."},
     {"use_portable", use_portable, METH_VARARGS, "use_portable(flag): force (True) or release (False) portable SHA-256."},

@@ -47,6 +47,7 @@ __all__ = [
     "fast_backend",
     "philox4x32_10",
     "seed_uniforms",
+    "seed_uniforms_reference",
     "first_occurrence",
     "first_occurrence_reference",
     "window_pivots",
@@ -129,6 +130,17 @@ def seed_uniforms(
     Returns:
         float64 array of the broadcast shape, values in (0, 1).
     """
+    v, j = np.broadcast_arrays(np.asarray(token_ids, dtype=np.uint32), np.asarray(arrivals, dtype=np.uint32))
+    if _fastprf is None:
+        return seed_uniforms_reference(seed, v, j)
+    out = _fastprf.uniforms(seed, np.ascontiguousarray(v), np.ascontiguousarray(j))
+    return np.frombuffer(out, dtype=np.float64).reshape(v.shape)
+
+
+def seed_uniforms_reference(
+    seed: bytes, token_ids: npt.ArrayLike, arrivals: npt.ArrayLike = 1
+) -> npt.NDArray[np.float64]:
+    """`seed_uniforms` in numpy only: the definition the C path must equal."""
     v, j = np.broadcast_arrays(np.asarray(token_ids, dtype=np.uint64), np.asarray(arrivals, dtype=np.uint64))
     shape = v.shape
     words = np.frombuffer(seed[:16], dtype="<u4").astype(np.uint64)
@@ -247,7 +259,7 @@ def window_pivots_reference(
     out = np.empty(len(tokens), dtype=np.float64)
     for i in range(len(tokens)):
         seed = hmac.new(key, prefix + _be32_words(windows[i]), hashlib.sha256).digest()
-        out[i] = seed_uniforms(seed, int(tokens[i]))
+        out[i] = seed_uniforms_reference(seed, int(tokens[i]))
     return out
 
 

@@ -115,7 +115,9 @@ class ClockPolicy:
         """U(v, j) for v in `ids` and j = 1..arrivals: (len(ids), arrivals)."""
         return seed_uniforms(seed, ids[:, None], np.arange(1, arrivals + 1)[None, :])
 
-    def extend_path(self, prefix: Sequence[int], path: PathState, kind: ClockKind, surprisal_bits: float) -> PathState:
+    def extend_path(
+        self, prefix: Sequence[int], path: PathState, kind: ClockKind, surprisal_bits: float
+    ) -> PathState:
         """The path state after emitting a token at the position right after `prefix`."""
         windows = path.windows
         if self.tracker.is_candidate(len(prefix)):

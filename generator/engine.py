@@ -20,6 +20,7 @@ from wmark.errors import InputError
 from wmark.generator.backend import LanguageModel
 from wmark.generator.clocks import ClockKind, ClockPolicy
 from wmark.generator.logits import LogitsConfig
+from wmark.generator.names import METHOD_NAMES
 from wmark.generator.result import GenerationResult, Timings
 from wmark.generator.speculative import Block, BlockInputs, autoregressive_block, tree_block
 from wmark.keymaterial import KeyMaterial
@@ -49,6 +50,7 @@ METHODS: dict[str, Method] = {
     "pfr-nowm": Method(tree_block, keyed=False, speculative=True, multi_draft=False),
     "mpfr": Method(tree_block, keyed=True, speculative=True, multi_draft=True),
 }
+assert tuple(METHODS) == METHOD_NAMES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +110,7 @@ def generate(
     drafter: LanguageModel | None = None,
     seed: int | None = None,
     decode: Callable[[Sequence[int]], str] | None = None,
+    on_block: Callable[[int], None] | None = None,
 ) -> GenerationResult:
     """Generate from `prompt_ids` with the configured sampler.
 
@@ -119,6 +122,7 @@ def generate(
         drafter: the draft model (required by speculative methods); must share the target's vocabulary.
         seed: makes the unkeyed randomness reproducible; None draws it from the OS.
         decode: token IDs -> text, for `GenerationResult.text`.
+        on_block: called after each block with the number of tokens generated so far (progress bars).
     """
     method = METHODS[config.method]
     if not prompt_ids:
@@ -178,6 +182,8 @@ def generate(
                 diverse.append(position)
             policy.commit(tokens, emission.kind, emission.prob)
             tokens.append(emission.token)
+        if on_block is not None:
+            on_block(len(tokens) - len(prompt_ids))
         if tokens[-1] in eos:
             stop_reason = "eos"
             break

@@ -40,7 +40,10 @@ class FakeSession:
         self.committed += self.pending
         self.pending = []
         root = self._logits(self.committed)
-        rows = [self._logits(self.committed + [self.nodes.tokens[a] for a in self.nodes.ancestors(n)]) for n in new]
+        rows = [
+            self._logits(self.committed + [self.nodes.tokens[a] for a in self.nodes.ancestors(n)])
+            for n in new
+        ]
         return root, torch.stack(rows) if rows else torch.empty(0, self.model.vocab_size)
 
     def accept(self, path: Sequence[int], extra: Sequence[int]) -> None:
@@ -60,7 +63,9 @@ class FakeLM:
         eos_token_ids: tokens that end generation.
     """
 
-    def __init__(self, vocab_size: int, logits_fn: LogitsFn, eos_token_ids: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, vocab_size: int, logits_fn: LogitsFn, eos_token_ids: frozenset[int] = frozenset()
+    ) -> None:
         self.vocab_size = vocab_size
         self.logits_fn = logits_fn
         self.eos_token_ids = eos_token_ids

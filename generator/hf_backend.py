@@ -141,7 +141,9 @@ class HFModel:
         self.eos_token_ids = eos_token_ids
         self.name = name
         self.vocab_size = int(model.config.vocab_size)
-        self.device = next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")
+        self.device = (
+            next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")
+        )
         self.dtype = torch.float32 if model.config._attn_implementation == ATTENTION_NAME else model.dtype
 
     def session(self, prompt_ids: Sequence[int]) -> HFSession:

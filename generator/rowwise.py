@@ -18,6 +18,7 @@ RMSNorm, rotary embeddings, activations and residuals are row-local already.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -36,17 +37,23 @@ class RowInt8Linear(nn.Module):
         super().__init__()
         weight = linear.weight.detach().to(torch.float32)
         scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(torch.float64)
-        qweight = torch.quantize_per_channel(
-            weight, scale, torch.zeros_like(scale, dtype=torch.int64), 0, torch.qint8
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates quantized tensor *creation* (pytorch#184982); the fbgemm kernels
+            # stay. When it is removed this needs torchao's int8 kernels instead.
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation.*", category=UserWarning)
+            qweight = torch.quantize_per_channel(
+                weight, scale, torch.zeros_like(scale, dtype=torch.int64), 0, torch.qint8
+            )
+            self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.bias = (
+            None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
         )
-        self._packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.float32)
         peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
-        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        out: torch.Tensor = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
             rows / peak, 1.0 / 127.0, _QUINT8_ZERO, self._packed
         )
         out = out * peak
@@ -61,11 +68,15 @@ class RowFloatLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.weight = nn.Parameter(linear.weight.detach().float(), requires_grad=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        self.bias = (
+            None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        out = torch.cat([nn.functional.linear(rows[i : i + 1], self.weight, self.bias) for i in range(rows.shape[0])])
+        out = torch.cat(
+            [nn.functional.linear(rows[i : i + 1], self.weight, self.bias) for i in range(rows.shape[0])]
+        )
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
 
 

@@ -20,6 +20,9 @@ from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.keys import KeyRegistry, RegistryConfig
 
 STRICT = os.environ.get("WMARK_TEST_STRICT") == "1"
+# One intra-op thread: test models are tiny, and OpenMP threads spinning on a busy 2-core machine
+# made them several times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Converted embedded models are cached once per checkout (build/ is ignored by git), not per test.
 os.environ.setdefault("WMARK_MODEL_CACHE", str(Path(__file__).resolve().parents[1] / "build" / "test-models"))
 PG_ADMIN_URL = os.environ.get("WMARK_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

@@ -1,0 +1,189 @@
+"""`wmark generate`: watermarked text from a target model, sped up by a drafter."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from wmark.cli.common import err_console, open_registry, print_json
+from wmark.errors import InputError, KeyRegistryError, TokenizerError
+from wmark.generator.names import METHOD_NAMES
+from wmark.keymaterial import KeyMaterial
+from wmark.keys import KeyRegistry
+
+if TYPE_CHECKING:  # torch and transformers load only when a command generates
+    from wmark.generator.engine import SamplerConfig
+    from wmark.generator.loading import ModelPair
+    from wmark.generator.result import GenerationResult
+
+
+def pick_key(registry: KeyRegistry, key_id: str | None) -> KeyMaterial:
+    """The key to generate with: the one asked for, or the only active key."""
+    if key_id is not None:
+        return registry.material(key_id, for_generation=True)
+    active = registry.list_keys("active")
+    if not active:
+        raise KeyRegistryError("no active key: create one with `wmark keys create NAME`")
+    if len(active) > 1:
+        ids = ", ".join(k.key_id for k in active)
+        raise KeyRegistryError(f"several active keys ({ids}): choose one with --key")
+    return registry.material(active[0].key_id, for_generation=True)
+
+
+def check_tokenizer(key: KeyMaterial, pair: ModelPair) -> None:
+    """A key only marks text from the tokenizer it is bound to."""
+    if key.spec.tokenizer.sha256 != pair.tokenizer_sha256:
+        raise TokenizerError(
+            f"key {key.key_id} is bound to tokenizer {key.spec.tokenizer.sha256[:12]}, but the target's "
+            f"tokenizer is {pair.tokenizer_sha256[:12]}: create a key with --tokenizer pointing at this model"
+        )
+
+
+def load_with_status(target: str, drafter: str | None, device: str, precision: str) -> ModelPair:
+    """`load_pair` with a spinner on stderr."""
+    from wmark.generator.loading import load_pair
+
+    with err_console.status("loading models") as status:
+        return load_pair(
+            target, drafter, device=device, precision=precision, progress=lambda msg: status.update(msg)
+        )
+
+
+def run_generation(
+    pair: ModelPair,
+    prompt_ids: list[int],
+    config: SamplerConfig,
+    key: KeyMaterial | None,
+    seed: int | None,
+    *,
+    quiet: bool = False,
+) -> GenerationResult:
+    """Generate with a progress bar on stderr (tokens so far over the budget)."""
+    from wmark.generator.engine import generate
+
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} tokens"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet,
+    )
+    with progress:
+        task = progress.add_task(f"generating ({config.method})", total=config.max_new_tokens)
+        return generate(
+            pair.target,
+            prompt_ids,
+            config=config,
+            key=key,
+            drafter=pair.drafter,
+            seed=seed,
+            decode=pair.decode,
+            on_block=lambda n: progress.update(task, completed=n),
+        )
+
+
+def generate_cmd(
+    prompt: Annotated[str | None, typer.Argument(help="The prompt (or use --prompt-file).")] = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option(help="Read the prompt from this UTF-8 file ('-' for stdin).")
+    ] = None,
+    chat: Annotated[
+        bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")
+    ] = True,
+    key: Annotated[str | None, typer.Option(help="Key id (default: the only active key).")] = None,
+    method: Annotated[str, typer.Option(help=f"Sampler: {', '.join(METHOD_NAMES)}.")] = "mpfr",
+    drafts: Annotated[int | None, typer.Option(help="B, drafts per block (mpfr; default 4).")] = None,
+    lookahead: Annotated[int, typer.Option(help="L, draft depth per block.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="Token budget (EOS counts).")] = 128,
+    temperature: Annotated[float, typer.Option(help="Target temperature (> 0).")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Top-k on both models (0: off).")] = 50,
+    top_p: Annotated[float, typer.Option(help="Top-p on both models (1: off).")] = 1.0,
+    draft_temperature: Annotated[
+        float | None, typer.Option(help="Drafter temperature (default: the target's).")
+    ] = None,
+    diversity_bits: Annotated[
+        float, typer.Option(help="Unkeyed prefix so equal prompts differ (bits; 0: off).")
+    ] = 16.0,
+    seed: Annotated[int | None, typer.Option(help="Make the unkeyed randomness reproducible.")] = None,
+    target: Annotated[
+        str, typer.Option(help="'embedded', a local model dir, or a cached HF model id.")
+    ] = "embedded",
+    drafter: Annotated[
+        str, typer.Option(help="'embedded', a local model dir, or a cached HF model id.")
+    ] = "embedded",
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    precision: Annotated[
+        str, typer.Option(help="auto (int8 on CPU, bf16 on CUDA), int8, exact-fp32, fp32, bf16, fp16.")
+    ] = "auto",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (text, token_ids, blocks, aatps, ...).")
+    ] = False,
+) -> None:
+    """Generate watermarked text (exactly the target's distribution; the drafter only speeds it up).
+
+    \b
+    Examples:
+      wmark generate "Explain like I'm five: why is the sky blue?"
+      wmark generate --method pfr --lookahead 4 --seed 7 --json "Write a haiku about rain"
+    """
+    if prompt is None and prompt_file is None:
+        raise InputError("give a PROMPT or --prompt-file")
+    if prompt is not None and prompt_file is not None:
+        raise InputError("give a PROMPT or --prompt-file, not both")
+    if prompt_file is not None:
+        raw = sys.stdin.buffer.read() if str(prompt_file) == "-" else _read_file(prompt_file)
+        try:
+            prompt = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{prompt_file} is not UTF-8 text") from exc
+    assert prompt is not None
+    if not prompt.strip():
+        raise InputError("the prompt is empty")
+    from wmark.generator.engine import METHODS, SamplerConfig
+    from wmark.generator.logits import LogitsConfig
+
+    config = SamplerConfig(
+        method=method,
+        lookahead=lookahead,
+        drafts=drafts,
+        max_new_tokens=max_new_tokens,
+        diversity_bits=diversity_bits,
+        target_logits=LogitsConfig(temperature=temperature, top_k=top_k, top_p=top_p),
+        draft_logits=LogitsConfig(temperature=draft_temperature or temperature, top_k=top_k, top_p=top_p),
+    )
+    spec = METHODS[method]
+    material = None
+    if spec.keyed:
+        with open_registry() as registry:
+            material = pick_key(registry, key)
+    pair = load_with_status(target, drafter if spec.speculative else None, device, precision)
+    if material is not None:
+        check_tokenizer(material, pair)
+    result = run_generation(
+        pair, pair.encode_prompt(prompt, chat=chat), config, material, seed, quiet=as_json
+    )
+    if as_json:
+        print_json(result.to_dict())
+        return
+    typer.echo(result.text)
+    err_console.print(
+        f"[dim]{len(result.token_ids)} tokens, {result.method}, key {result.key_id or '-'}, "
+        f"AATPS {result.aatps:.2f}, {result.tokens_per_s:.2f} tokens/s[/]",
+        highlight=False,
+    )
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from exc

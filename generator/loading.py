@@ -1,0 +1,154 @@
+"""Load a target/drafter pair (embedded by default, or any local HF model) and its tokenizer.
+
+`load_pair` checks what must hold for speculative decoding to be exact: the two models share
+the tokenizer (same vocabulary, same token IDs) and the drafter's logits are not wider than the
+target's. Prompts go through the target's chat template unless raw text is asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from wmark.errors import BackendError, InputError
+from wmark.generator.embedded import DRAFTER, TARGET, prepare
+from wmark.generator.hf_backend import PRECISIONS, HFModel, prepare_model
+
+__all__ = ["ModelPair", "load_pair", "resolve_source"]
+
+Progress = Callable[[str], None]
+
+
+def resolve_source(source: str, role: str) -> Path | str:
+    """'embedded' -> the cached embedded model directory; anything else is passed to transformers."""
+    if source == "embedded":
+        return prepare(TARGET if role == "target" else DRAFTER)
+    return source
+
+
+def _load_tokenizer(source: Path | str) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(str(source))
+    except (OSError, ValueError) as exc:
+        raise BackendError(f"cannot load a tokenizer from {source}: {exc}") from exc
+
+
+def _load_model(source: Path | str, precision: str, device: str) -> PreTrainedModel:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise BackendError(f"cannot load a model from {source}: {exc}") from exc
+    return prepare_model(model, precision, device)
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    ids: set[int] = set()
+    generation = getattr(model, "generation_config", None)
+    configured = getattr(generation, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(int(i) for i in configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+@dataclass
+class ModelPair:
+    """A target, an optional drafter, and the shared tokenizer.
+
+    Attributes:
+        tokenizer_sha256: SHA-256 of the tokenizer.json a key must be bound to.
+    """
+
+    target: HFModel
+    drafter: HFModel | None
+    tokenizer: PreTrainedTokenizerBase
+    tokenizer_sha256: str
+
+    def encode_prompt(self, prompt: str, *, chat: bool = True, system: str | None = None) -> list[int]:
+        """Prompt token IDs: through the chat template (default) or raw."""
+        if not prompt.strip():
+            raise InputError("the prompt is empty")
+        if not chat:
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}
+        ]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of generated tokens (special tokens dropped)."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+
+def _tokenizer_sha256(source: Path | str, tokenizer: PreTrainedTokenizerBase) -> str:
+    path = Path(source) / "tokenizer.json"
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+
+
+def load_pair(
+    target: str = "embedded",
+    drafter: str | None = "embedded",
+    *,
+    device: str = "cpu",
+    precision: str = "auto",
+    progress: Progress | None = None,
+) -> ModelPair:
+    """Load the target (and drafter) for generation.
+
+    Args:
+        target: "embedded", a local model directory, or an HF model ID in the local cache.
+        drafter: the same, or None when the method needs no drafter.
+        device: "cpu" or "cuda".
+        precision: one of `PRECISIONS`; "auto" is int8 on CPU, bf16 on CUDA.
+        progress: called with a short description of each loading stage.
+
+    Raises:
+        BackendError: a model cannot be loaded, or the drafter's tokenizer differs from the target's.
+    """
+    if precision not in PRECISIONS:
+        raise InputError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BackendError("--device cuda but no CUDA device is available")
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device must be cpu or cuda, got {device!r}")
+    if precision == "auto":
+        precision = "int8" if device == "cpu" else "bf16"
+    say = progress or (lambda _msg: None)
+    say(f"preparing target {target}")
+    target_src = resolve_source(target, "target")
+    tokenizer = _load_tokenizer(target_src)
+    say("loading target weights")
+    target_model = _load_model(target_src, precision, device)
+    draft_model = None
+    if drafter is not None:
+        say(f"preparing drafter {drafter}")
+        draft_src = resolve_source(drafter, "drafter")
+        if tokenizer.get_vocab() != _load_tokenizer(draft_src).get_vocab():
+            raise BackendError(
+                f"the drafter {drafter} does not share the target's tokenizer "
+                "(speculative decoding needs one vocabulary)"
+            )
+        say("loading drafter weights")
+        draft_model = _load_model(draft_src, precision, device)
+        if draft_model.config.vocab_size > target_model.config.vocab_size:
+            raise BackendError("the drafter's vocabulary is larger than the target's")
+    eos = _eos_ids(target_model, tokenizer)
+    return ModelPair(
+        target=HFModel(target_model, eos, name=str(target)),
+        drafter=HFModel(draft_model, eos, name=str(drafter)) if draft_model is not None else None,
+        tokenizer=tokenizer,
+        tokenizer_sha256=_tokenizer_sha256(target_src, tokenizer),
+    )

@@ -1,0 +1,173 @@
+"""The generator on tiny random transformers (built here, float32): drafter invariance, one target
+forward per block, the repeated-window mask shared with the detector, diversity, detection."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
+from wmark.contexts import scored_positions
+from wmark.detector import Detector
+from wmark.generator.engine import SamplerConfig, generate
+from wmark.generator.fakes import FakeLM
+from wmark.generator.hf_backend import HFModel, prepare_model
+from wmark.generator.logits import LogitsConfig
+
+VOCAB = 256
+EOS = 0
+SPEC = WatermarkSpec(tokenizer=TokenizerRef(name="tiny", sha256="1" * 64, vocab_size=VOCAB))
+KEY = KeyMaterial(key_id="wk_tiny", secret=Secret(hashlib.sha256(b"tiny key").digest()), spec=SPEC)
+PROMPT = [17, 42, 99, 3, 250, 7, 7, 128, 64, 5]
+MAX_NEW = 40
+
+
+def _tiny(seed: int, sharpen: float = 6.0) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)  # natural-language-like entropy instead of near-uniform
+    return model
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, HFModel]:
+    base = _tiny(0)
+    close = copy.deepcopy(base)
+    with torch.no_grad():  # a drafter that mostly agrees with the target
+        for p in close.parameters():
+            p.add_(0.02 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
+    eos = frozenset({EOS})
+    return {
+        "target": HFModel(prepare_model(base, "exact-fp32", "cpu"), eos),
+        "close": HFModel(prepare_model(close, "exact-fp32", "cpu"), eos),
+        "unrelated": HFModel(prepare_model(_tiny(2), "exact-fp32", "cpu"), eos),
+    }
+
+
+def _run(
+    models, method, drafts=None, lookahead=4, drafter="close", draft_t=1.0, seed=5, max_new=MAX_NEW, key=KEY
+):
+    config = SamplerConfig(
+        method=method,
+        drafts=drafts,
+        lookahead=lookahead,
+        max_new_tokens=max_new,
+        draft_logits=LogitsConfig(temperature=draft_t),
+    )
+    return generate(models["target"], PROMPT, config=config, key=key, drafter=models[drafter], seed=seed)
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    return _run(models, "basic-uwm")
+
+
+CONFIGS = [("pfr", 1, ell) for ell in (1, 2, 3, 4)] + [
+    ("mpfr", b, ell) for b in (1, 2, 4, 8) for ell in (1, 2, 3, 4)
+]
+
+
+@pytest.mark.parametrize(
+    "method,drafts,lookahead", CONFIGS, ids=[f"{m}-B{b}-L{ell}" for m, b, ell in CONFIGS]
+)
+def test_drafter_invariance(models, reference, method, drafts, lookahead):
+    assert reference.blocks == (1,) * len(reference.token_ids)
+    boundaries = set()
+    for drafter in ("close", "unrelated"):
+        for draft_t in (1.0, 0.5):
+            out = _run(models, method, drafts, lookahead, drafter, draft_t)
+            assert out.token_ids == reference.token_ids, (drafter, draft_t)
+            assert out.masked_positions == reference.masked_positions
+            assert out.target_forwards == len(out.blocks)  # one target forward per block
+            assert out.draft_forwards <= lookahead * len(out.blocks)  # one batched drafter forward per level
+            boundaries.add(out.blocks)
+    assert len(boundaries) > 1  # only block boundaries differ between drafters
+
+
+def test_close_drafter_accepts_more_and_mpfr_gains_with_drafts(models):
+    pfr_close = _run(models, "pfr", 1, 4, "close")
+    pfr_unrelated = _run(models, "pfr", 1, 4, "unrelated")
+    assert pfr_close.aatps > pfr_unrelated.aatps
+    assert _run(models, "mpfr", 8, 4, "unrelated").aatps > pfr_unrelated.aatps
+
+
+def test_int8_path_is_batch_invariant_too():
+    base = _tiny(0)
+    eos = frozenset({EOS})
+    target = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu"), eos)
+    drafter = HFModel(prepare_model(_tiny(2), "int8", "cpu"), eos)
+    ref = generate(
+        target, PROMPT, config=SamplerConfig(method="basic-uwm", max_new_tokens=MAX_NEW), key=KEY, seed=5
+    )
+    for drafts in (1, 4):
+        out = generate(
+            target,
+            PROMPT,
+            config=SamplerConfig(method="mpfr", drafts=drafts, max_new_tokens=MAX_NEW),
+            key=KEY,
+            drafter=drafter,
+            seed=5,
+        )
+        assert out.token_ids == ref.token_ids
+
+
+def test_tree_verification_is_one_forward_whatever_b(models):
+    for drafts in (2, 8):
+        out = _run(models, "mpfr", drafts, 3, "unrelated")
+        assert out.target_forwards == len(out.blocks)
+        assert max(out.drafted) > 3  # a real tree, not a chain, went through that single forward
+
+
+def test_generation_is_detected_and_the_control_is_not(models):
+    marked = _run(models, "mpfr", 4, 4, max_new=160)
+    control = _run(models, "pfr-nowm", 1, 4, max_new=160)
+    detector = Detector([KEY])
+    result = detector.detect(token_ids=list(marked.token_ids))
+    assert result.verdict == "watermarked" and result.p_value < 1e-4
+    assert detector.detect(token_ids=list(control.token_ids)).verdict != "watermarked"
+    assert control.key_id is None
+
+
+def test_same_seed_reproduces_and_no_seed_varies(models):
+    a, b = _run(models, "mpfr", 2, 3, seed=11), _run(models, "mpfr", 2, 3, seed=11)
+    assert a.token_ids == b.token_ids
+    fresh = {_run(models, "mpfr", 2, 3, seed=None).token_ids for _ in range(3)}
+    assert len(fresh) == 3  # 16 bits of unkeyed prefix: equal answers have probability <= 2^-16 each
+    assert all(len(_run(models, "basic-uwm", seed=None).diverse_positions) > 0 for _ in range(2))
+
+
+def test_generator_mask_equals_the_detector_mask_from_the_final_text():
+    # A low-entropy Markov LM repeats itself, so many windows recur and get masked.
+    rng = np.random.default_rng(0)
+    table = rng.dirichlet(np.full(12, 0.15), size=12)
+    target, drafter = FakeLM.markov(table), FakeLM.markov(rng.dirichlet(np.full(12, 0.15), size=12))
+    spec = WatermarkSpec(tokenizer=TokenizerRef(name="fake", sha256="2" * 64, vocab_size=12))
+    key = KeyMaterial(key_id="k", secret=Secret(b"m" * 32), spec=spec)
+    prompt = [1, 2, 3, 4, 5, 6]
+    for method, drafts in (("basic-uwm", 1), ("pfr", 1), ("mpfr", 4)):
+        for seed in range(5):
+            config = SamplerConfig(method=method, drafts=drafts, max_new_tokens=120)
+            out = generate(target, prompt, config=config, key=key, drafter=drafter, seed=seed)
+            text = np.array(prompt + list(out.token_ids), dtype=np.uint32)
+            with_prompt = scored_positions(text, 4, start=len(prompt))
+            assert [t - len(prompt) for t in with_prompt.masked] == list(out.masked_positions)
+            assert len(out.masked_positions) > 10
+            # Answer only: the detector drops a subset of what the generator masked (never more),
+            # positions < h are not scorable, and windows first seen in the prompt overlap are rare.
+            answer = scored_positions(np.array(out.token_ids, dtype=np.uint32), 4, start=0)
+            assert set(answer.masked.tolist()) <= set(out.masked_positions)
