@@ -18,13 +18,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from weakref import WeakKeyDictionary
 
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from wmark.errors import InputError
@@ -205,14 +208,26 @@ def detection_entry(
     )
 
 
+_process_locks: WeakKeyDictionary[Engine, threading.Lock] = WeakKeyDictionary()
+_process_locks_guard = threading.Lock()
+
+
+def _process_lock(engine: Engine) -> threading.Lock:
+    with _process_locks_guard:
+        return _process_locks.setdefault(engine, threading.Lock())
+
+
 @contextmanager
 def write_transaction(sessions: sessionmaker[Session]) -> Iterator[Session]:
     """A transaction that holds the database's write lock from its first statement.
 
     SQLite would otherwise start a deferred transaction, read, and fail to upgrade to a write
-    lock under contention; BEGIN IMMEDIATE waits (busy timeout) for the lock instead.
+    lock under contention; BEGIN IMMEDIATE waits (busy timeout) for the lock instead. Threads of
+    one process first queue on an in-process lock: SQLite's busy handler polls with sleeps of up
+    to 100 ms, so letting the threads of a worker contend there costs far more than queueing.
     """
-    with sessions.begin() as session:
+    engine = sessions.kw["bind"]
+    with _process_lock(engine), sessions.begin() as session:
         conn = session.connection()
         if conn.dialect.name == "sqlite":
             conn.exec_driver_sql("BEGIN IMMEDIATE")
@@ -255,11 +270,40 @@ class AuditLog:
 
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self.sessions = sessions
+        self._queue: list[tuple[Sequence[AuditEntry], Future[list[AuditRecord]]]] = []
+        self._turn = threading.Condition()
+        self._writing = False
 
     def append(self, *entries: AuditEntry) -> list[AuditRecord]:
-        """Append entries, in order, in one locked transaction."""
-        with write_transaction(self.sessions) as session:
-            return self.append_in(session, entries)
+        """Append entries, in order, and return their rows once committed.
+
+        Group commit: threads of one process that append at the same time share one locked
+        transaction (and one fsync). The first caller writes everything queued so far, its own
+        entries included; the others wait for their rows, and one of any still queued writes next.
+        """
+        mine: Future[list[AuditRecord]] = Future()
+        with self._turn:
+            self._queue.append((entries, mine))
+            while self._writing and not mine.done():
+                self._turn.wait()
+            if mine.done():
+                return mine.result()
+            self._writing = True
+            batch, self._queue = self._queue, []
+        try:
+            with write_transaction(self.sessions) as session:
+                written = [self.append_in(session, queued) for queued, _ in batch]
+        except BaseException as exc:
+            for _, waiter in batch:
+                waiter.set_exception(exc)
+        else:
+            for (_, waiter), records in zip(batch, written, strict=True):
+                waiter.set_result(records)
+        finally:
+            with self._turn:
+                self._writing = False
+                self._turn.notify_all()
+        return mine.result()
 
     @staticmethod
     def append_in(session: Session, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
