@@ -244,7 +244,8 @@ class DaskExecutor:
                     threads_per_worker=1,
                     processes=True,
                     dashboard_address=None,
-                    silence_logs=logging.ERROR,
+                    # closing races log heartbeat errors; task failures still reach the futures
+                    silence_logs=logging.CRITICAL,
                 )
                 self._client = distributed.Client(self._cluster)
             else:
