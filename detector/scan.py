@@ -206,7 +206,8 @@ def run_scan(
 
     try:
         while True:
-            while not exhausted and len(in_flight) < limit:
+            # read ahead while workers need work, but not past a slow batch that holds up the order
+            while not exhausted and len(in_flight) < limit and len(ready) < 4 * limit:
                 task = next(tasks, None)
                 if task is None:
                     exhausted = True
