@@ -6,10 +6,12 @@ once per worker process; `uvicorn --factory wmark.api:create_app` or `wmark serv
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from wmark import __version__
@@ -20,9 +22,12 @@ from wmark.api.errors import install_error_handlers
 from wmark.api.limits import BodyLimitMiddleware, RateLimiter
 from wmark.api.metrics import Metrics, MetricsMiddleware
 from wmark.api.settings import Settings
+from wmark.errors import WmarkError
 from wmark.keys import KeyRegistry
 
 __all__ = ["create_app"]
+
+log = logging.getLogger("wmark.api")
 
 _DESCRIPTION = """\
 Detects wmark watermarks with exact p-values, and keeps a hash-chained audit log of every answer.
@@ -45,10 +50,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         registry = await run_in_threadpool(KeyRegistry.open, settings.registry, migrate=settings.migrate)
+        detectors = DetectorCache(registry, on_build=metrics.detector_builds.inc)
+        try:
+            await run_in_threadpool(detectors.warm)
+        except (
+            WmarkError,
+            SQLAlchemyError,
+        ) as exc:  # e.g. the database is not reachable yet: /readyz says so
+            log.warning("detector not built at start-up: %s", exc)
         app.state.service = Service(
             settings=settings,
             registry=registry,
-            detectors=DetectorCache(registry, on_build=metrics.detector_builds.inc),
+            detectors=detectors,
             limiter=RateLimiter(settings.rate_per_second, settings.rate_burst),
             auth_limiter=RateLimiter(settings.auth_fail_per_second, settings.auth_fail_burst),
             metrics=metrics,

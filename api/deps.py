@@ -43,8 +43,8 @@ class Service:
     metrics: Metrics
 
 
-def get_service(request: Request) -> Service:
-    """The service state of the app handling `request`."""
+async def get_service(request: Request) -> Service:
+    """The service state of the app handling `request` (async: no thread-pool hop, no I/O)."""
     service: Service = request.app.state.service
     return service
 

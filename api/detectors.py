@@ -68,6 +68,14 @@ class DetectorCache:
         self._keys: dict[str, KeyMaterial] = {}
         self._subsets: dict[tuple[str, ...], Detector] = {}
 
+    def warm(self) -> None:
+        """Build the default detector and parse its tokenizers now (at start-up, not on a request)."""
+        if not self.registry.key_state():
+            return
+        detector = self.get()
+        for sha256 in {k.spec.tokenizer.sha256 for k in detector.keys}:
+            detector.tokenizer(sha256)
+
     def get(self, key_ids: Sequence[str] | None = None) -> Detector:
         """The detector for `key_ids` (default: every active and retired key).
 

@@ -2,7 +2,7 @@
 
 `WmarkError` subclasses carry their own `code` and `status`; validation errors are 422, bodies
 over the limit 413, rate limits 429 (with Retry-After), bad tokens 401 (with WWW-Authenticate),
-wrong roles 403. The user's input is never echoed into an error message.
+wrong roles 403, an unreachable database 503. The user's input is never echoed into an error message.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wmark.errors import AuthError, InputError, WmarkError
@@ -111,6 +112,12 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, code, str(exc.detail), exc.headers)
 
 
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    # the message of a driver error can hold SQL and parameters: logged, not returned
+    log.error("database error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return error_response(503, "database_unavailable", "the database is unavailable; try again later")
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal_error", "internal error (logged on the server)")
@@ -121,4 +128,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(WmarkError, _wmark_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(OperationalError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -15,10 +15,13 @@ consistent chain: record `verify`'s head hash outside the database and pass it b
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
+import os
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -208,13 +211,47 @@ def detection_entry(
     )
 
 
-_process_locks: WeakKeyDictionary[Engine, threading.Lock] = WeakKeyDictionary()
-_process_locks_guard = threading.Lock()
+class _WriterLock:
+    """Queues the writers of one database: the threads of this process, then (for a SQLite file)
+    the processes, on an flock of `<database>.writelock`.
+
+    Without it, writers wait inside SQLite's busy handler, which polls with sleeps of up to
+    100 ms: with several worker processes a writer can lose the race for seconds. A thread lock
+    and a blocking flock wake the next writer as soon as the lock is free.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._threads = threading.Lock()
+        database = engine.url.database if engine.dialect.name == "sqlite" else None
+        self._path = f"{database}.writelock" if database and database != ":memory:" else None
+        self._fd: int | None = None
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._threads:
+            if self._path is None:
+                yield
+                return
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+                weakref.finalize(self, os.close, self._fd)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
-def _process_lock(engine: Engine) -> threading.Lock:
-    with _process_locks_guard:
-        return _process_locks.setdefault(engine, threading.Lock())
+_writer_locks: WeakKeyDictionary[Engine, _WriterLock] = WeakKeyDictionary()
+_writer_locks_guard = threading.Lock()
+
+
+def _writer_lock(engine: Engine) -> _WriterLock:
+    with _writer_locks_guard:
+        lock = _writer_locks.get(engine)
+        if lock is None:
+            lock = _writer_locks[engine] = _WriterLock(engine)
+        return lock
 
 
 @contextmanager
@@ -222,12 +259,11 @@ def write_transaction(sessions: sessionmaker[Session]) -> Iterator[Session]:
     """A transaction that holds the database's write lock from its first statement.
 
     SQLite would otherwise start a deferred transaction, read, and fail to upgrade to a write
-    lock under contention; BEGIN IMMEDIATE waits (busy timeout) for the lock instead. Threads of
-    one process first queue on an in-process lock: SQLite's busy handler polls with sleeps of up
-    to 100 ms, so letting the threads of a worker contend there costs far more than queueing.
+    lock under contention; BEGIN IMMEDIATE takes it first. Writers queue on `_WriterLock`
+    before that, so they rarely meet SQLite's polling busy handler at all.
     """
     engine = sessions.kw["bind"]
-    with _process_lock(engine), sessions.begin() as session:
+    with _writer_lock(engine).hold(), sessions.begin() as session:
         conn = session.connection()
         if conn.dialect.name == "sqlite":
             conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -260,6 +260,15 @@ def test_detector_is_cached_and_rebuilt_when_keys_change(api, planted, monkeypat
     assert len(parsed) == 1
 
 
+def test_detector_is_built_at_start_up(registry_config, word_tokenizer_json):
+    with KeyRegistry.open(registry_config) as reg:
+        reg.create_key("k", reg.add_tokenizer(word_tokenizer_json, "words"))
+    with TestClient(create_app(_settings(registry_config))) as client:
+        cache = client.app.state.service.detectors
+        assert cache.builds == 1  # before any request: no first-request latency spike
+        assert client.get("/metrics").status_code == 401
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
@@ -366,6 +375,10 @@ def test_readiness_fails_without_a_database(tmp_path):
         assert client.get("/healthz").status_code == 200
         resp = client.get("/readyz")
         assert resp.status_code == 503 and resp.json()["code"] == "not_ready"
+        token = {"Authorization": "Bearer wmt_000000000000_" + "a" * 43}
+        down_detect = client.post("/v1/detect", headers=token, json={"text": "w1 w2"})
+        assert down_detect.status_code == 503 and down_detect.json()["code"] == "database_unavailable"
+        assert "127.0.0.1" not in down_detect.text  # driver messages stay in the server log
     unmigrated = RegistryConfig(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'empty.db'}")
     with TestClient(create_app(Settings(registry=unmigrated))) as client:
         resp = client.get("/readyz")
