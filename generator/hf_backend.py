@@ -1,7 +1,8 @@
 """Hugging Face causal LMs behind the backend protocol: KV cache, tree attention, rollback.
 
 Only the public forward is used: `model(input_ids, cache=..., attention_mask=4D, position_ids=...)`.
-A session keeps the committed text in a `DynamicCache`; speculative nodes are appended after it
+A session keeps the committed text in a `DynamicCache` (the prompt enters it in one prefill
+forward before the first block); speculative nodes are appended after it
 and see, through a 4D mask, the committed text plus their own ancestors, at position
 (committed length + depth - 1). `accept` index-selects the committed entries and the accepted
 path out of every layer (a crop cannot drop side branches). So a whole MPFR draft tree is one
@@ -21,7 +22,7 @@ from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 
 from wmark.errors import BackendError
 from wmark.generator.backend import NodeTable
-from wmark.generator.rowwise import ATTENTION_NAME, convert_linears, rowwise_attention
+from wmark.generator.rowwise import ATTENTION_NAME, convert_linears, prefill, rowwise_attention
 
 __all__ = ["PRECISIONS", "HFModel", "HFSession", "prepare_model"]
 
@@ -58,11 +59,36 @@ class HFSession:
         self.slots: list[int] = []  # cache index of each node
         self.node_logits: list[torch.Tensor] = []
         self.root_logits: torch.Tensor | None = None
-        self.forwards = 0
+        self.forwards = 0  # forwards that produced logits (the prompt prefill is not one)
+        self.prefilled = False
+
+    @torch.inference_mode()
+    def _prefill(self) -> None:
+        """Cache all prompt tokens but the last in one forward (identical for every session)."""
+        self.prefilled = True
+        head = self.pending[:-1]
+        if not head:
+            return
+        causal = torch.ones(len(head), len(head), dtype=torch.bool).tril()
+        dtype = self.lm.dtype
+        mask = torch.zeros(causal.shape, dtype=dtype).masked_fill(~causal, torch.finfo(dtype).min)
+        with prefill():
+            self.lm.model(
+                input_ids=torch.tensor([head], device=self.lm.device),
+                attention_mask=mask[None, None].to(self.lm.device),
+                position_ids=torch.arange(len(head), device=self.lm.device)[None],
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        self.committed = len(head)
+        self.pending = self.pending[-1:]
 
     @torch.inference_mode()
     def extend(self, parents: Sequence[int], tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """See `Session.extend`."""
+        if not self.prefilled:
+            self._prefill()
         new = self.nodes.add(parents, tokens)
         inputs = self.pending + [int(t) for t in tokens]
         if not inputs:

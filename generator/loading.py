@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from wmark.errors import BackendError, InputError
 from wmark.generator.embedded import DRAFTER, TARGET, prepare
@@ -39,6 +40,7 @@ def _load_tokenizer(source: Path | str) -> PreTrainedTokenizerBase:
 
 
 def _load_model(source: Path | str, precision: str, device: str) -> PreTrainedModel:
+    hf_logging.disable_progress_bar()  # the CLI shows its own progress
     try:
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
     except (OSError, ValueError) as exc:

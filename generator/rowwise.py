@@ -14,19 +14,46 @@ text would then depend on the drafter. These kernels remove that:
   order, which equals position order along a path) with the same one-row kernel, so a tree
   row and the same context decoded alone compute identical numbers.
 RMSNorm, rotary embeddings, activations and residuals are row-local already.
+
+The prompt is the exception: every session fills the cache with the prompt (minus its last
+token) in one `prefill` forward under stock SDPA, which is deterministic for the same input, so
+all sessions of a prompt start from identical caches without a per-row loop over the prompt.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["ATTENTION_NAME", "RowFloatLinear", "RowInt8Linear", "convert_linears", "rowwise_attention"]
+__all__ = [
+    "ATTENTION_NAME",
+    "RowFloatLinear",
+    "RowInt8Linear",
+    "convert_linears",
+    "prefill",
+    "rowwise_attention",
+]
 
 ATTENTION_NAME = "wmark_rowwise"
+_PREFILL: contextvars.ContextVar[bool] = contextvars.ContextVar("wmark_prefill", default=False)
+
+
+@contextlib.contextmanager
+def prefill() -> Iterator[None]:
+    """Within this block, attention runs as stock SDPA (for the prompt prefill only)."""
+    token = _PREFILL.set(True)
+    try:
+        yield
+    finally:
+        _PREFILL.reset(token)
+
+
 _QUINT8_ZERO = 128  # symmetric activations in quint8: q = round(127 x) + 128
 
 
@@ -115,16 +142,24 @@ def rowwise_attention(
     """
     if attention_mask is None or attention_mask.dim() != 4:
         raise ValueError("rowwise attention needs an explicit 4D mask from the session")
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
+    if _PREFILL.get():
+        groups = int(getattr(module, "num_key_value_groups", 1))
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        out = nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling
+        )
+        return out.transpose(1, 2).contiguous(), None
+    _, heads, n_query, dim = query.shape
+    kv_heads = key.shape[1]
+    # Query heads sharing a key/value head (GQA) form one small matrix per group: no copy of the
+    # cache per query head, and always the same (group, dim) x (dim, n) shape for a given row.
+    grouped = query.view(1, kv_heads, heads // kv_heads, n_query, dim)
     visible = attention_mask[0, 0] == 0  # (q, kv)
     rows = []
-    for i in range(query.shape[2]):
+    for i in range(n_query):
         idx = visible[i].nonzero().squeeze(1)
-        k, v = key.index_select(2, idx), value.index_select(2, idx)
-        weights = torch.matmul(query[:, :, i : i + 1], k.transpose(2, 3)) * scaling
+        k, v = key.index_select(2, idx), value.index_select(2, idx)  # (1, kv_heads, n, dim)
+        weights = torch.matmul(grouped[:, :, :, i], k.transpose(2, 3)) * scaling  # (1, kv_heads, g, n)
         weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
-        rows.append(torch.matmul(weights, v))
+        rows.append(torch.matmul(weights, v).reshape(1, heads, 1, dim))
     return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
