@@ -124,7 +124,8 @@ def main() -> None:
     base = rows["basic-uwm"]
     print()
     print(
-        f"{len(PROMPTS)} prompts x {args.tokens} new tokens, torch threads {args.threads}, precision {args.precision}"
+        f"{len(PROMPTS)} prompts x {args.tokens} new tokens, "
+        f"torch threads {args.threads}, precision {args.precision}"
     )
     print()
     print(
@@ -142,8 +143,8 @@ def main() -> None:
         sd = statistics.stdev(row.aatps) if len(row.aatps) > 1 else 0.0
         print(
             f"| {name} | {rate:.2f} | {rate / (base.tokens / base.seconds):.2f}x | "
-            f"{statistics.mean(row.aatps):.2f} ± {sd:.2f} | {row.forwards} | {row.draft:.1f} | {row.verify:.1f} | "
-            f"{row.bookkeeping:.1f} | {same} |"
+            f"{statistics.mean(row.aatps):.2f} ± {sd:.2f} | {row.forwards} | {row.draft:.1f} | "
+            f"{row.verify:.1f} | {row.bookkeeping:.1f} | {same} |"
         )
 
 
