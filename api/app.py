@@ -53,11 +53,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detectors = DetectorCache(registry, on_build=metrics.detector_builds.inc)
         try:
             await run_in_threadpool(detectors.warm)
-        except (
-            WmarkError,
-            SQLAlchemyError,
-        ) as exc:  # e.g. the database is not reachable yet: /readyz says so
-            log.warning("detector not built at start-up: %s", exc)
+        except (WmarkError, SQLAlchemyError) as exc:
+            # e.g. the database is not reachable or not migrated yet: /readyz reports it
+            log.warning("detector not built at start-up: %s", type(exc).__name__)
         app.state.service = Service(
             settings=settings,
             registry=registry,

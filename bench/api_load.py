@@ -47,6 +47,7 @@ SECTION = "## Detection service (bench/api_load.py)"
 @dataclass(frozen=True)
 class Row:
     name: str
+    connections: int
     requests: int
     seconds: float
     p50_ms: float
@@ -83,7 +84,7 @@ def _in_process(detector: Detector, texts: list[str], requests: int) -> Row:
         detector.detect(texts[i % len(texts)])
         latencies.append(time.perf_counter() - t0)
     seconds = time.perf_counter() - start
-    return Row("in-process `Detector.detect()`", requests, seconds, *_ms(latencies))
+    return Row("in-process `Detector.detect()`", 1, requests, seconds, *_ms(latencies))
 
 
 def _ms(latencies: list[float]) -> tuple[float, float]:
@@ -166,7 +167,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _service(
-    config: RegistryConfig, label: str, workers: int, texts: list[str], args: argparse.Namespace, tmp: Path
+    config: RegistryConfig,
+    label: str,
+    texts: list[str],
+    tmp: Path,
+    *,
+    workers: int,
+    connections: int,
+    requests: int,
 ) -> Row:
     env = {
         **os.environ,
@@ -177,33 +185,30 @@ def _service(
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with KeyRegistry.open(config) as reg:
-        token = reg.tokens.create("detector", f"bench-{label}-{workers}", actor="bench").token
+        token = reg.tokens.create("detector", f"bench-{label}-{workers}-{connections}", actor="bench").token
         before = reg.audit.count()
-    proc, url = _serve(env, workers, tmp / f"server-{label}-{workers}.log")
+    proc, url = _serve(env, workers, tmp / f"server-{label}-{workers}-{connections}.log")
+    warm_up = 4 * max(connections, workers)
     try:
-        asyncio.run(_load(url, token, texts, 4 * args.concurrency, args.concurrency))  # warm-up
+        asyncio.run(_load(url, token, texts, warm_up, max(connections, workers)))
         start = time.perf_counter()
-        latencies = asyncio.run(_load(url, token, texts, args.requests, args.concurrency))
+        latencies = asyncio.run(_load(url, token, texts, requests, connections))
         seconds = time.perf_counter() - start
     finally:
         _stop(proc)
     with KeyRegistry.open(config) as reg:
         written = reg.audit.count() - before
-        expected = args.requests + 4 * args.concurrency
+        expected = requests + warm_up
         if written != expected or not reg.audit.verify().ok:
             raise SystemExit(f"{label}: {written} audit rows for {expected} requests, or a broken chain")
-    return Row(
-        f"service, {label}, {workers} worker{'s' if workers > 1 else ''}",
-        args.requests,
-        seconds,
-        *_ms(latencies),
-    )
+    plural = "s" if workers > 1 else ""
+    return Row(f"service, {label}, {workers} worker{plural}", connections, requests, seconds, *_ms(latencies))
 
 
 def _table(rows: list[Row], baseline: Row) -> str:
     lines = [
-        "| path | requests | req/s | p50 ms | p99 ms | req/s ÷ in-process |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| path | connections | requests | req/s | p50 ms | p99 ms | req/s ÷ in-process |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         ratio = r.rps / baseline.rps
@@ -262,10 +267,18 @@ def main() -> None:
             detector = Detector(secret_keys[:1], {tok.sha256: tokenizer_json})
             baseline = _in_process(detector, texts, args.requests)
             rows = [baseline]
+            runs = [
+                (1, 1, args.requests // 3),
+                (1, args.concurrency, args.requests),
+                (4, args.concurrency, args.requests),
+            ]
             for label, config in configs.items():
-                for workers in (1, 4):
-                    rows.append(_service(config, label, workers, texts, args, tmp))
-                    print(f"{rows[-1].name}: {rows[-1].rps:.0f} req/s", file=sys.stderr)
+                for workers, connections, requests in runs:
+                    row = _service(
+                        config, label, texts, tmp, workers=workers, connections=connections, requests=requests
+                    )
+                    rows.append(row)
+                    print(f"{row.name}, {connections} conn: {row.rps:.0f} req/s", file=sys.stderr)
         finally:
             with admin.connect() as conn:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)'))
@@ -276,22 +289,25 @@ def main() -> None:
     command = " ".join(["python", "bench/api_load.py", *sys.argv[1:]])
     markdown = f"""{SECTION}
 
-`{command}`, one run, loopback, on this machine: {os.cpu_count()} cores ({cpu}), shared
-with the load generator (this script, one process: a minimal asyncio HTTP/1.1 client,
-{args.concurrency} keep-alive connections) and with whatever else ran on the machine (1-minute load
-average {load_before:.1f} at the start). {len(texts)} distinct texts of {n_tokens:.0f} Qwen2.5 tokens
-(human-written documents found on the machine), one key. The in-process row calls
-`Detector.detect()` one text at a time; each service request also pays HTTP + JSON, the bearer-token
-check (one SELECT), the key-set check (one SELECT) and its audit-log row, written under the database
-write lock (SQLite: BEGIN IMMEDIATE, WAL; PostgreSQL: row lock on the chain head) and group-committed
-with the rows of concurrent requests of the same worker. Every response was 200 and the audit log held
-exactly one row per request, chain verified, after each run.
+`{command}`, one run, loopback. This machine: {os.cpu_count()} cores ({cpu}), shared with the load
+generator (this script: one process, a minimal asyncio HTTP/1.1 client over keep-alive connections,
+one request in flight on each) and with whatever else ran on it (1-minute load average
+{load_before:.1f} at the start), so the figures are noisy. {len(texts)} distinct texts of
+{n_tokens:.0f} Qwen2.5 tokens (human-written documents found on the machine), one key.
+
+The in-process row calls `Detector.detect()` one text at a time. The 1-connection rows send one
+request at a time (latency without queueing); the {args.concurrency}-connection rows measure throughput
+under load. Each service request also pays HTTP + JSON, the bearer-token check (one SELECT), the
+key-set check (one SELECT) and its audit-log row, written under the database write lock (SQLite:
+BEGIN IMMEDIATE, WAL; PostgreSQL: row lock on the chain head) and group-committed with the rows of
+concurrent requests of the same worker. Every response was 200, and after each run the audit log
+held exactly one row per request and its chain verified.
 
 {table}
 
 With {os.cpu_count()} cores, 4 workers cannot run 4 detections at once, and they share the cores with the
-load generator and (PostgreSQL) the database server: more workers than cores adds contention here. On a
-machine with more cores the worker count is what scales throughput.
+load generator and (PostgreSQL) the database server: more workers than cores adds contention here.
+On a machine with more cores the worker count is what scales throughput.
 """
     print(markdown)
     if args.write:

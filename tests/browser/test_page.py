@@ -82,6 +82,18 @@ def test_paste_watermarked_text_and_read_the_verdict(live_url, browser_page, set
     _click_detect(page)
     assert page.get_attribute("#verdict", "data-verdict") == "watermarked"
 
+    # ... or dropped onto the text box
+    page.fill("#text", "")
+    dropped = page.evaluate_handle(
+        "(text) => { const dt = new DataTransfer();"
+        " dt.items.add(new File([text], 'drop.txt', {type: 'text/plain'})); return dt; }",
+        human,
+    )
+    page.dispatch_event("#text", "drop", {"dataTransfer": dropped})
+    expect(page.locator("#text")).to_have_value(human)
+    _click_detect(page)
+    assert page.get_attribute("#verdict", "data-verdict") == "not_detected"
+
     # the token is kept in sessionStorage only when asked, never in localStorage
     assert page.evaluate("sessionStorage.getItem('wmark.token')") is None
     page.check("#remember")
