@@ -270,6 +270,15 @@ def write_transaction(sessions: sessionmaker[Session]) -> Iterator[Session]:
         yield session
 
 
+def _read_snapshot(session: Session) -> None:
+    """Make every later read of `session` see one snapshot of the database."""
+    if session.get_bind().dialect.name == "sqlite":
+        # pysqlite runs SELECTs outside a transaction; an explicit one pins a WAL snapshot
+        session.connection().exec_driver_sql("BEGIN")
+    else:
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+
+
 def _record(row: AuditEvent) -> AuditRecord:
     return AuditRecord(
         seq=row.seq,
@@ -429,6 +438,7 @@ class AuditLog:
             )
 
         with self.sessions() as session:
+            _read_snapshot(session)  # the head and the rows as of one moment, while writers go on
             head = session.scalars(select(AuditHead).where(AuditHead.id == 1)).one()
             last = 0
             while True:
