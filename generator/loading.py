@@ -2,7 +2,9 @@
 
 `load_pair` checks what must hold for speculative decoding to be exact: the two models share
 the tokenizer (same vocabulary, same token IDs) and the drafter's logits are not wider than the
-target's. Prompts go through the target's chat template unless raw text is asked for.
+target's. Text is encoded and decoded with the model's tokenizer.json itself (the bytes a key
+is bound to, exactly what the detector uses); transformers' tokenizer class only renders the
+chat template, whose special tokens the tokenizer.json maps to their IDs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
@@ -32,11 +35,19 @@ def resolve_source(source: str, role: str) -> Path | str:
     return source
 
 
-def _load_tokenizer(source: Path | str) -> PreTrainedTokenizerBase:
+def _load_tokenizer(source: Path | str) -> tuple[PreTrainedTokenizerBase, bytes]:
+    """transformers' tokenizer (for the chat template) and the tokenizer.json bytes (for IDs)."""
     try:
-        return AutoTokenizer.from_pretrained(str(source))
+        hf = AutoTokenizer.from_pretrained(str(source))
     except (OSError, ValueError) as exc:
         raise BackendError(f"cannot load a tokenizer from {source}: {exc}") from exc
+    path = Path(source) / "tokenizer.json"
+    if path.is_file():
+        return hf, path.read_bytes()
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        raise BackendError(f"{source} has no fast tokenizer (tokenizer.json)")
+    return hf, str(backend.to_str()).encode()
 
 
 def _load_model(source: Path | str, precision: str, device: str) -> PreTrainedModel:
@@ -63,41 +74,44 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> froz
 
 @dataclass
 class ModelPair:
-    """A target, an optional drafter, and the shared tokenizer.
+    """A target, an optional drafter, and their shared tokenizer.
 
     Attributes:
-        tokenizer_sha256: SHA-256 of the tokenizer.json a key must be bound to.
+        tokenizer_json: the tokenizer.json bytes; keys must be bound to their SHA-256.
     """
 
     target: HFModel
     drafter: HFModel | None
-    tokenizer: PreTrainedTokenizerBase
-    tokenizer_sha256: str
+    chat: PreTrainedTokenizerBase
+    tokenizer_json: bytes
+
+    def __post_init__(self) -> None:
+        self._tokenizer = Tokenizer.from_str(self.tokenizer_json.decode("utf-8"))
+
+    @property
+    def tokenizer_sha256(self) -> str:
+        """SHA-256 of tokenizer.json: what a key's spec records."""
+        return hashlib.sha256(self.tokenizer_json).hexdigest()
 
     def encode_prompt(self, prompt: str, *, chat: bool = True, system: str | None = None) -> list[int]:
         """Prompt token IDs: through the chat template (default) or raw."""
         if not prompt.strip():
             raise InputError("the prompt is empty")
-        if not chat:
-            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": prompt}
-        ]
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        text = prompt
+        if chat:
+            if not getattr(self.chat, "chat_template", None):
+                raise InputError("this model has no chat template: use --raw")
+            messages = [{"role": "system", "content": system}] if system else []
+            messages.append({"role": "user", "content": prompt})
+            text = str(self.chat.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+        ids = [int(i) for i in self._tokenizer.encode(text, add_special_tokens=False).ids]
+        if not ids:
+            raise InputError("the prompt has no tokens in this model's vocabulary")
+        return ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of generated tokens (special tokens dropped)."""
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
-
-
-def _tokenizer_sha256(source: Path | str, tokenizer: PreTrainedTokenizerBase) -> str:
-    path = Path(source) / "tokenizer.json"
-    if path.is_file():
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
 
 def load_pair(
@@ -131,14 +145,14 @@ def load_pair(
     say = progress or (lambda _msg: None)
     say(f"preparing target {target}")
     target_src = resolve_source(target, "target")
-    tokenizer = _load_tokenizer(target_src)
+    chat, tokenizer_json = _load_tokenizer(target_src)
     say("loading target weights")
     target_model = _load_model(target_src, precision, device)
     draft_model = None
     if drafter is not None:
         say(f"preparing drafter {drafter}")
         draft_src = resolve_source(drafter, "drafter")
-        if tokenizer.get_vocab() != _load_tokenizer(draft_src).get_vocab():
+        if _vocab(tokenizer_json) != _vocab(_load_tokenizer(draft_src)[1]):
             raise BackendError(
                 f"the drafter {drafter} does not share the target's tokenizer "
                 "(speculative decoding needs one vocabulary)"
@@ -147,10 +161,14 @@ def load_pair(
         draft_model = _load_model(draft_src, precision, device)
         if draft_model.config.vocab_size > target_model.config.vocab_size:
             raise BackendError("the drafter's vocabulary is larger than the target's")
-    eos = _eos_ids(target_model, tokenizer)
+    eos = _eos_ids(target_model, chat)
     return ModelPair(
         target=HFModel(target_model, eos, name=str(target)),
         drafter=HFModel(draft_model, eos, name=str(drafter)) if draft_model is not None else None,
-        tokenizer=tokenizer,
-        tokenizer_sha256=_tokenizer_sha256(target_src, tokenizer),
+        chat=chat,
+        tokenizer_json=tokenizer_json,
     )
+
+
+def _vocab(tokenizer_json: bytes) -> dict[str, int]:
+    return dict(Tokenizer.from_str(tokenizer_json.decode("utf-8")).get_vocab(with_added_tokens=True))

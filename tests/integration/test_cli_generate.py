@@ -1,0 +1,166 @@
+"""`wmark generate` end to end on tiny model directories built here: JSON fields, detection of the
+output by `wmark detect`, and one-line errors (exit 2) for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from typer.testing import CliRunner
+
+from wmark.cli.main import app
+
+runner = CliRunner()
+N_WORDS = 200
+
+
+def _tokenizer(prefix: str) -> PreTrainedTokenizerFast:
+    vocab = {"[UNK]": 0, "[EOS]": 1, **{f"{prefix}{i}": i + 2 for i in range(N_WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]")
+
+
+def _model_dir(path: Path, seed: int, prefix: str = "w") -> Path:
+    config = Qwen2Config(
+        vocab_size=N_WORDS + 2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=1,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(5.0)
+        # EOS (id 1) gets logit 0 while ~half of the 200 words score above 0: it never makes the
+        # top 50, so answers run to the token budget and are long enough to detect.
+        model.lm_head.weight[1].zero_()
+    model.save_pretrained(path)
+    _tokenizer(prefix).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "target": _model_dir(root / "target", 0),
+        "drafter": _model_dir(root / "drafter", 1),
+        "other": _model_dir(root / "other", 2, prefix="x"),  # a different vocabulary
+    }
+
+
+def _key(dirs: dict[str, Path]) -> str:
+    result = runner.invoke(app, ["keys", "create", "tiny", "--tokenizer", str(dirs["target"])])
+    assert result.exit_code == 0, result.output
+    return result.stdout.strip()
+
+
+def _generate(dirs: dict[str, Path], *extra: str, drafter: str = "drafter"):
+    args = [
+        "generate",
+        "--target",
+        str(dirs["target"]),
+        "--drafter",
+        str(dirs[drafter]),
+        "--precision",
+        "exact-fp32",
+        "--json",
+        *extra,
+    ]
+    return runner.invoke(app, args)
+
+
+def test_generate_json_and_detect_round_trip(dirs, tmp_path):
+    key_id = _key(dirs)
+    prompt = " ".join(f"w{i}" for i in range(10, 30))
+    result = _generate(dirs, "--raw", "--max-new-tokens", "120", "--seed", "3", prompt)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    for field in ("text", "token_ids", "method", "key_id", "blocks", "aatps", "tokens_per_s"):
+        assert field in out
+    assert out["method"] == "mpfr" and out["key_id"] == key_id and sum(out["blocks"]) == len(out["token_ids"])
+    assert out["aatps"] == pytest.approx(len(out["token_ids"]) / len(out["blocks"]))
+    text = tmp_path / "answer.txt"
+    text.write_text(out["text"])
+    detection = json.loads(runner.invoke(app, ["detect", str(text), "--json"]).stdout)
+    assert detection["verdict"] == "watermarked" and detection["key_id"] == key_id
+
+    same = json.loads(
+        _generate(
+            dirs, "--raw", "--max-new-tokens", "120", "--seed", "3", "--method", "basic-uwm", prompt
+        ).stdout
+    )
+    assert same["token_ids"] == out["token_ids"]  # drafter invariance through the CLI
+    nowm = json.loads(
+        _generate(
+            dirs, "--raw", "--max-new-tokens", "120", "--method", "pfr-nowm", "--drafts", "1", prompt
+        ).stdout
+    )
+    assert nowm["key_id"] is None
+
+
+def test_prompt_file_and_chat_template_free_models(dirs, tmp_path):
+    _key(dirs)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("w1 w2 w3 w4 w5 w6")
+    result = _generate(dirs, "--raw", "--max-new-tokens", "8", "--prompt-file", str(prompt))
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["token_ids"]) <= 8
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--raw", ""], "prompt is empty"),
+        (["--raw", "   "], "prompt is empty"),
+        (["--raw", "--drafts", "0", "w1 w2"], "drafts must be in"),
+        (["--raw", "--drafts", "65", "w1 w2"], "drafts must be in"),
+        (["--raw", "--lookahead", "0", "w1 w2"], "lookahead must be in"),
+        (["--raw", "--lookahead", "99", "w1 w2"], "lookahead must be in"),
+        (["--raw", "--method", "pfr", "--drafts", "4", "w1 w2"], "single-draft"),
+        (["--raw", "--method", "nope", "w1 w2"], "unknown method"),
+        (["--raw", "--temperature", "0", "w1 w2"], "temperature"),
+        (["--raw", "--key", "wk_unknown", "w1 w2"], "no key with id"),
+        (["--raw", "--prompt-file", "/nonexistent/prompt.txt"], "no such file"),
+        (["--raw", "--device", "tpu", "w1 w2"], "device"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(dirs, args, message):
+    _key(dirs)
+    result = _generate(dirs, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_drafter_with_another_tokenizer_is_refused(dirs):
+    _key(dirs)
+    result = _generate(dirs, "--raw", "w1 w2 w3", drafter="other")
+    assert result.exit_code == 2 and "does not share the target's tokenizer" in result.stderr
+
+
+def test_revoked_and_retired_keys_cannot_generate(dirs):
+    key_id = _key(dirs)
+    new_id = runner.invoke(app, ["keys", "rotate", key_id]).stdout.strip()
+    result = _generate(dirs, "--raw", "--key", key_id, "w1 w2 w3")
+    assert result.exit_code == 2 and "retired" in result.stderr
+    runner.invoke(app, ["keys", "revoke", new_id])
+    result = _generate(dirs, "--raw", "--key", new_id, "w1 w2 w3")
+    assert result.exit_code == 2 and "revoked" in result.stderr
+    result = _generate(dirs, "--raw", "w1 w2 w3")  # no active key left
+    assert result.exit_code == 2 and "no active key" in result.stderr
+
+
+def test_key_bound_to_another_tokenizer_is_refused(dirs):
+    result = runner.invoke(app, ["keys", "create", "other", "--tokenizer", str(dirs["other"])])
+    assert result.exit_code == 0
+    result = _generate(dirs, "--raw", "w1 w2 w3")
+    assert result.exit_code == 2 and "is bound to tokenizer" in result.stderr
