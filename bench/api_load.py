@@ -1,6 +1,6 @@
 """Load on POST /v1/detect via `wmark serve` (1 and 4 workers, SQLite, PostgreSQL) vs in-process detect().
 
-    .venv/bin/python bench/api_load.py [--requests 600] [--concurrency 16] [--texts 200] [--write]
+    .venv/bin/python bench/api_load.py [--requests 300] [--rounds 3] [--concurrency 16] [--write]
 
 Texts: 200-token prefixes (Qwen2.5 tokenizer, the embedded pair's) of human-written documents
 found on this machine. The same texts go through `Detector.detect()` in this process (one call
@@ -8,8 +8,9 @@ at a time: the pure detection cost) and through the service, where each request 
 JSON, bearer-token authentication, the key-set check and one locked audit-log write. This script
 is the load generator: a separate process from the server, a minimal asyncio HTTP/1.1 client
 with `--concurrency` keep-alive connections, one request in flight on each. Latency is what the
-client sees. Each configuration gets a warm-up, then `--requests` timed requests; every answer
-must be 200 and every request must have left exactly one audit row. `--write` puts the table
+client sees. All servers start (and are warmed up) first; then `--rounds` rounds each measure
+every row in turn; every answer must be 200 and every request must have left exactly one
+audit row. `--write` puts the table
 into BENCHMARKS.md.
 """
 
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx  # readiness polling only
@@ -48,14 +49,36 @@ SECTION = "## Detection service (bench/api_load.py)"
 class Row:
     name: str
     connections: int
-    requests: int
-    seconds: float
-    p50_ms: float
+    requests: int  # per round
+    rps: float  # median over the rounds
+    p50_ms: float  # over every request of every round
     p99_ms: float
 
-    @property
-    def rps(self) -> float:
-        return self.requests / self.seconds
+
+@dataclass
+class Series:
+    """One row's measurements, round after round."""
+
+    name: str
+    connections: int
+    requests: int
+    rates: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float, latencies: list[float]) -> None:
+        self.rates.append(len(latencies) / seconds)
+        self.latencies += latencies
+
+    def row(self) -> Row:
+        ms = sorted(1000 * x for x in self.latencies)
+        return Row(
+            self.name,
+            self.connections,
+            self.requests,
+            statistics.median(self.rates),
+            statistics.median(ms),
+            _percentile(ms, 0.99),
+        )
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -74,21 +97,14 @@ def _texts(tok: TextTokenizer, n: int, length: int) -> list[str]:
     raise SystemExit(f"only {len(out)} documents of {length} tokens found on this machine")
 
 
-def _in_process(detector: Detector, texts: list[str], requests: int) -> Row:
-    for t in texts[:20]:
-        detector.detect(t)
+def _in_process(detector: Detector, texts: list[str], requests: int) -> tuple[float, list[float]]:
     latencies = []
     start = time.perf_counter()
     for i in range(requests):
         t0 = time.perf_counter()
         detector.detect(texts[i % len(texts)])
         latencies.append(time.perf_counter() - t0)
-    seconds = time.perf_counter() - start
-    return Row("in-process `Detector.detect()`", 1, requests, seconds, *_ms(latencies))
-
-
-def _ms(latencies: list[float]) -> tuple[float, float]:
-    return 1000 * statistics.median(latencies), 1000 * _percentile(latencies, 0.99)
+    return time.perf_counter() - start, latencies
 
 
 async def _load(url: str, token: str, texts: list[str], requests: int, concurrency: int) -> list[float]:
@@ -166,16 +182,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _service(
-    config: RegistryConfig,
-    label: str,
-    texts: list[str],
-    tmp: Path,
-    *,
-    workers: int,
-    connections: int,
-    requests: int,
-) -> Row:
+@dataclass
+class Server:
+    """A running `wmark serve` and the detector token the load uses."""
+
+    label: str
+    workers: int
+    proc: subprocess.Popen[bytes]
+    url: str
+    token: str
+
+
+def _start(config: RegistryConfig, label: str, workers: int, texts: list[str], tmp: Path) -> Server:
     env = {
         **os.environ,
         "WMARK_HOME": str(config.home),
@@ -185,24 +203,10 @@ def _service(
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with KeyRegistry.open(config) as reg:
-        token = reg.tokens.create("detector", f"bench-{label}-{workers}-{connections}", actor="bench").token
-        before = reg.audit.count()
-    proc, url = _serve(env, workers, tmp / f"server-{label}-{workers}-{connections}.log")
-    warm_up = 4 * max(connections, workers)
-    try:
-        asyncio.run(_load(url, token, texts, warm_up, max(connections, workers)))
-        start = time.perf_counter()
-        latencies = asyncio.run(_load(url, token, texts, requests, connections))
-        seconds = time.perf_counter() - start
-    finally:
-        _stop(proc)
-    with KeyRegistry.open(config) as reg:
-        written = reg.audit.count() - before
-        expected = requests + warm_up
-        if written != expected or not reg.audit.verify().ok:
-            raise SystemExit(f"{label}: {written} audit rows for {expected} requests, or a broken chain")
-    plural = "s" if workers > 1 else ""
-    return Row(f"service, {label}, {workers} worker{plural}", connections, requests, seconds, *_ms(latencies))
+        token = reg.tokens.create("detector", f"bench-{label}-{workers}", actor="bench").token
+    proc, url = _serve(env, workers, tmp / f"server-{label}-{workers}.log")
+    asyncio.run(_load(url, token, texts, 16 * workers, 4 * workers))  # warm-up: every worker answers
+    return Server(label, workers, proc, url, token)
 
 
 def _table(rows: list[Row], baseline: Row) -> str:
@@ -213,7 +217,8 @@ def _table(rows: list[Row], baseline: Row) -> str:
     for r in rows:
         ratio = r.rps / baseline.rps
         lines.append(
-            f"| {r.name} | {r.requests} | {r.rps:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {ratio:.3f} |"
+            f"| {r.name} | {r.connections} | {r.requests} | {r.rps:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f}"
+            f" | {ratio:.3f} |"
         )
     return "\n".join(lines)
 
@@ -232,7 +237,8 @@ def _write(markdown: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=600)
+    parser.add_argument("--requests", type=int, default=300, help="per row and round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--texts", type=int, default=200, help="distinct 200-token texts")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
@@ -258,6 +264,7 @@ def main() -> None:
                 home=tmp, database_url=PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{pg_name}"
             ),
         }
+        servers: list[Server] = []
         try:
             secret_keys = []
             for config in configs.values():
@@ -265,43 +272,69 @@ def main() -> None:
                     key = reg.create_key("bench", reg.add_tokenizer(tokenizer_json, "qwen2.5-coder"))
                     secret_keys.append(reg.material(key.key_id))
             detector = Detector(secret_keys[:1], {tok.sha256: tokenizer_json})
-            baseline = _in_process(detector, texts, args.requests)
-            rows = [baseline]
-            runs = [
-                (1, 1, args.requests // 3),
-                (1, args.concurrency, args.requests),
-                (4, args.concurrency, args.requests),
-            ]
+            _in_process(detector, texts, 50)  # warm-up
+            audit_before = {}
             for label, config in configs.items():
-                for workers, connections, requests in runs:
-                    row = _service(
-                        config, label, texts, tmp, workers=workers, connections=connections, requests=requests
+                servers += [_start(config, label, workers, texts, tmp) for workers in (1, 4)]
+                with KeyRegistry.open(config) as reg:
+                    audit_before[label] = reg.audit.count()
+            baseline = Series("in-process `Detector.detect()`", 1, args.requests)
+            series: list[tuple[Server, Series]] = []
+            for server in servers:
+                plural = "s" if server.workers > 1 else ""
+                name = f"service, {server.label}, {server.workers} worker{plural}"
+                if server.workers == 1:
+                    series.append((server, Series(name, 1, args.requests // 3)))
+                series.append((server, Series(name, args.concurrency, args.requests)))
+            sent = dict.fromkeys(configs, 0)
+            for round_no in range(args.rounds):  # rows alternate: drift of the machine hits all alike
+                baseline.add(*_in_process(detector, texts, args.requests))
+                for server, row in series:
+                    start = time.perf_counter()
+                    latencies = asyncio.run(
+                        _load(server.url, server.token, texts, row.requests, row.connections)
                     )
-                    rows.append(row)
-                    print(f"{row.name}, {connections} conn: {row.rps:.0f} req/s", file=sys.stderr)
+                    row.add(time.perf_counter() - start, latencies)
+                    sent[server.label] += row.requests
+                print(f"round {round_no + 1}/{args.rounds} done", file=sys.stderr)
+        finally:
+            for server in servers:
+                _stop(server.proc)
+        try:
+            for label, config in configs.items():
+                with KeyRegistry.open(config) as reg:
+                    written = reg.audit.count() - audit_before[label]
+                    if written != sent[label] or not reg.audit.verify().ok:
+                        raise SystemExit(
+                            f"{label}: {written} audit rows for {sent[label]} requests, or a broken chain"
+                        )
         finally:
             with admin.connect() as conn:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)'))
             admin.dispose()
 
-    table = _table(rows, baseline)
+    base = baseline.row()
+    rows = [base] + [row.row() for _, row in series]
+    table = _table(rows, base)
     cpu = platform.processor() or platform.machine()
     command = " ".join(["python", "bench/api_load.py", *sys.argv[1:]])
     markdown = f"""{SECTION}
 
-`{command}`, one run, loopback. This machine: {os.cpu_count()} cores ({cpu}), shared with the load
-generator (this script: one process, a minimal asyncio HTTP/1.1 client over keep-alive connections,
-one request in flight on each) and with whatever else ran on it (1-minute load average
-{load_before:.1f} at the start), so the figures are noisy. {len(texts)} distinct texts of
-{n_tokens:.0f} Qwen2.5 tokens (human-written documents found on the machine), one key.
+`{command}`, one run of {args.rounds} rounds, loopback. This machine: {os.cpu_count()} cores
+({cpu}), shared with the load generator (this script: one process, a minimal asyncio HTTP/1.1
+client over keep-alive connections, one request in flight on each) and with whatever else ran on
+it (1-minute load average {load_before:.1f} at the start), so the figures are noisy. {len(texts)}
+distinct texts of {n_tokens:.0f} Qwen2.5 tokens (human-written documents found on the machine), one key.
 
-The in-process row calls `Detector.detect()` one text at a time. The 1-connection rows send one
+All servers run from the start; each round measures every row in turn, so drift of the machine
+hits all rows alike: req/s is the median over the rounds, p50/p99 are over every request. The
+in-process row calls `Detector.detect()` one text at a time. The 1-connection rows send one
 request at a time (latency without queueing); the {args.concurrency}-connection rows measure throughput
 under load. Each service request also pays HTTP + JSON, the bearer-token check (one SELECT), the
 key-set check (one SELECT) and its audit-log row, written under the database write lock (SQLite:
 BEGIN IMMEDIATE, WAL; PostgreSQL: row lock on the chain head) and group-committed with the rows of
-concurrent requests of the same worker. Every response was 200, and after each run the audit log
-held exactly one row per request and its chain verified.
+concurrent requests of the same worker. Every response was 200, and at the end each database's
+audit log held exactly one row per request sent to it and its chain verified.
 
 {table}
 
@@ -314,7 +347,7 @@ On a machine with more cores the worker count is what scales throughput.
         _write(markdown)
         (ROOT / "bench" / "out").mkdir(parents=True, exist_ok=True)
         (ROOT / "bench" / "out" / "api_load.json").write_text(
-            json.dumps([r.__dict__ | {"rps": r.rps} for r in rows], indent=2)
+            json.dumps([r.__dict__ for r in rows], indent=2)
         )
 
 

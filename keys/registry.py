@@ -185,16 +185,14 @@ class KeyRegistry:
     ) -> KeyInfo:
         """Create an active key with a fresh random secret bound to `tokenizer` (audited as `actor`)."""
         name = name.strip()
-        if not name or len(name) > _MAX_NAME:
-            raise InputError(f"a key name must be 1..{_MAX_NAME} characters")
+        if not name or len(name) > _MAX_NAME or not name.isprintable():
+            raise InputError(f"a key name must be 1..{_MAX_NAME} printable characters")
         spec = WatermarkSpec(
             tokenizer=tokenizer,
             context_width=context_width,
             context_mode=context_mode,  # type: ignore[arg-type]  # validated by WatermarkSpec
             min_scored_tokens=min_scored_tokens,
         )
-        if not name.isprintable():
-            raise InputError("a key name must be printable text")
         with write_transaction(self.sessions) as session:
             if session.get(Tokenizer, tokenizer.sha256) is None:
                 raise TokenizerError("add the tokenizer to the registry before creating a key with it")
