@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 from wmark.errors import InputError
 from wmark.generator.backend import LanguageModel
+from wmark.generator.baselines.gls import gls_block
+from wmark.generator.baselines.pseudo import mse_pseudo_block
+from wmark.generator.baselines.reweight import mse_block, mws_block, vsps_block
 from wmark.generator.clocks import ClockKind, ClockPolicy
 from wmark.generator.logits import LogitsConfig
 from wmark.generator.names import METHOD_NAMES
@@ -49,6 +52,12 @@ METHODS: dict[str, Method] = {
     "pfr": Method(tree_block, keyed=True, speculative=True, multi_draft=False),
     "pfr-nowm": Method(tree_block, keyed=False, speculative=True, multi_draft=False),
     "mpfr": Method(tree_block, keyed=True, speculative=True, multi_draft=True),
+    # baselines (ALGORITHMS §6)
+    "vsps": Method(vsps_block, keyed=False, speculative=True, multi_draft=False),
+    "mws": Method(mws_block, keyed=True, speculative=True, multi_draft=False),
+    "mse": Method(mse_block, keyed=True, speculative=True, multi_draft=False),
+    "mse-pseudo": Method(mse_pseudo_block, keyed=True, speculative=True, multi_draft=False),
+    "gls": Method(gls_block, keyed=False, speculative=True, multi_draft=True),
 }
 assert tuple(METHODS) == METHOD_NAMES
 

@@ -4,4 +4,14 @@ from __future__ import annotations
 
 __all__ = ["METHOD_NAMES"]
 
-METHOD_NAMES: tuple[str, ...] = ("basic-uwm", "pfr", "pfr-nowm", "mpfr")
+METHOD_NAMES: tuple[str, ...] = (
+    "basic-uwm",
+    "pfr",
+    "pfr-nowm",
+    "mpfr",
+    "vsps",
+    "mws",
+    "mse",
+    "mse-pseudo",
+    "gls",
+)
