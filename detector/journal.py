@@ -121,7 +121,8 @@ class Journal:
 
         Raises:
             InputError: an existing output without --resume/--overwrite, a resume with other
-                settings, an output changed outside wmark, or a scan already writing it.
+                settings, an output changed outside wmark, a scan already writing it, or a
+                place that cannot be written.
         """
         journal = cls(out.expanduser().absolute(), settings)
         try:
@@ -130,6 +131,9 @@ class Journal:
                 journal._reopen()
             else:
                 journal._start(overwrite=overwrite, resume=resume)
+        except OSError as exc:
+            journal.close()
+            raise InputError(f"--out {journal.out}: cannot write there ({exc.strerror or exc})") from exc
         except BaseException:
             journal.close()
             raise

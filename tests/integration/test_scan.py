@@ -437,3 +437,11 @@ def test_abandoning_a_new_output_removes_it_but_keeps_committed_work(tmp_path):
         assert resumed.done == {("s", "1")}
     finally:
         resumed.close()
+
+
+def test_an_output_that_cannot_be_written_is_an_input_error(tmp_path):
+    (tmp_path / "out.jsonl").mkdir()  # a directory where the output file should go
+    with pytest.raises(InputError, match="cannot write there"):
+        Journal.open(tmp_path / "out.jsonl", settings={}, overwrite=True)
+    with pytest.raises(InputError, match="does not exist"):
+        Journal.open(tmp_path / "missing" / "out.jsonl", settings={})
