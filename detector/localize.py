@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -42,7 +41,6 @@ DEFAULT_MIN_WINDOW = 32
 _LOG_TINY = math.log(1e-250)  # below this gammaincc loses precision: use the exact log series
 
 
-@lru_cache(maxsize=4096)
 def _family(m: int, min_len: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     starts: list[npt.NDArray[np.int64]] = []
     length = min_len
@@ -70,8 +68,7 @@ def window_family(m: int, min_len: int) -> tuple[npt.NDArray[np.int64], npt.NDAr
     """
     if min_len < 2 or min_len % 2:
         raise InputError(f"the shortest window must be an even number >= 2, got {min_len}")
-    starts, ends = _family(int(m), int(min_len))
-    return starts.copy(), ends.copy()
+    return _family(int(m), int(min_len))
 
 
 @dataclass(frozen=True, kw_only=True)
