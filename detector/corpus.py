@@ -92,11 +92,13 @@ def _shingles(text: str) -> set[bytes]:
     }
 
 
-def system_corpus(limit: int | None = None) -> list[Document]:
+def system_corpus(limit: int | None = None, *, max_shared: float = MAX_SHARED) -> list[Document]:
     """Distinct human-written documents found on this machine, kinds interleaved, fixed order.
 
     Args:
         limit: stop after this many documents (None: all of them).
+        max_shared: skip a document when more than this share of its shingles occurred in earlier
+            documents (1.0 keeps near-copies; exact duplicates are always dropped).
     """
     seen: set[bytes] = set()
     out: list[Document] = []
@@ -107,7 +109,7 @@ def system_corpus(limit: int | None = None) -> list[Document]:
         shingles = _shingles(doc.text)
         novel = len(shingles - seen) / len(shingles)
         seen |= shingles
-        if novel < 1.0 - MAX_SHARED:
+        if novel == 0.0 or novel < 1.0 - max_shared:
             continue
         out.append(doc)
         if limit is not None and len(out) >= limit:
