@@ -8,6 +8,7 @@ from wmark import __version__
 from wmark.cli import audit as audit_cmd
 from wmark.cli import demo as demo_cmd
 from wmark.cli import detect as detect_cmd
+from wmark.cli import eval as eval_cmd
 from wmark.cli import generate as generate_cmd
 from wmark.cli import keys as keys_cmd
 from wmark.cli import scan as scan_cmd
@@ -25,6 +26,7 @@ app = typer.Typer(
 )
 app.command("demo")(demo_cmd.demo)
 app.command("generate")(generate_cmd.generate_cmd)
+app.command("eval")(eval_cmd.eval_cmd)
 app.add_typer(keys_cmd.app, name="keys")
 app.command("detect")(detect_cmd.detect)
 app.command("scan")(scan_cmd.scan)

@@ -1,0 +1,87 @@
+"""Loading the models of an evaluation: one target and any number of drafters.
+
+A drafter is "embedded" (the embedded 0.5B drafter when the target is the embedded pair's), a
+local model folder or a cached HF model id, or "target": the target itself drafting (same
+weights, its own session), the drafter-substitution ablation's largest drafter at no extra
+memory. Every drafter must share the target's tokenizer (speculative decoding needs one
+vocabulary), as `load_pair` checks for its drafter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from tokenizers import Tokenizer
+
+from wmark.errors import BackendError, InputError
+from wmark.generator.backend import LanguageModel
+from wmark.generator.eval.prompts import Prompt
+from wmark.generator.eval.runner import EvalModels
+from wmark.generator.hf_backend import HFModel
+from wmark.generator.loading import ModelPair, load_pair
+
+__all__ = ["TARGET_AS_DRAFTER", "load_models", "prompt_encoder"]
+
+TARGET_AS_DRAFTER = "target"
+
+
+def prompt_encoder(pair: ModelPair, *, chat: bool) -> Callable[[Prompt], list[int]]:
+    """Prompt -> token IDs: through the target's chat template, or (raw) its contents joined."""
+
+    def encode(prompt: Prompt) -> list[int]:
+        if not chat:
+            text = "\n\n".join(m["content"] for m in prompt.chat_messages())
+            return pair.encode_prompt(text, chat=False)
+        if not getattr(pair.chat, "chat_template", None):
+            raise InputError("the target has no chat template: use --raw")
+        rendered = pair.chat.apply_chat_template(
+            prompt.chat_messages(), add_generation_prompt=True, tokenize=False
+        )
+        return pair.encode_prompt(str(rendered), chat=False)
+
+    return encode
+
+
+def load_models(
+    target: str,
+    drafters: Sequence[str],
+    *,
+    device: str,
+    precision: str,
+    chat: bool,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[EvalModels, ModelPair]:
+    """Load the target and every drafter; returns the models and the target's pair (tokenizer).
+
+    Raises:
+        BackendError: a model cannot be loaded or does not share the target's tokenizer.
+    """
+    separate = [d for d in dict.fromkeys(drafters) if d != TARGET_AS_DRAFTER]
+    pair = load_pair(
+        target, separate[0] if separate else None, device=device, precision=precision, progress=progress
+    )
+    models: dict[str, LanguageModel] = {}
+    if pair.drafter is not None:
+        models[separate[0]] = pair.drafter
+    vocab = _vocab(pair.tokenizer_json)
+    for name in separate[1:]:
+        other = load_pair(name, None, device=device, precision=precision, progress=progress)
+        if _vocab(other.tokenizer_json) != vocab:
+            raise BackendError(f"the drafter {name} does not share the target's tokenizer")
+        if other.target.vocab_size > pair.target.vocab_size:
+            raise BackendError(f"the drafter {name}'s vocabulary is larger than the target's")
+        models[name] = HFModel(other.target.model, pair.target.eos_token_ids, name=name)
+    if TARGET_AS_DRAFTER in drafters:
+        models[TARGET_AS_DRAFTER] = pair.target  # sessions are independent: no second copy of the weights
+    evaluation = EvalModels(
+        target=pair.target,
+        drafters=models,
+        encode=prompt_encoder(pair, chat=chat),
+        encode_text=lambda text: pair.encode_prompt(text, chat=False),
+        decode=pair.decode,
+    )
+    return evaluation, pair
+
+
+def _vocab(tokenizer_json: bytes) -> dict[str, int]:
+    return dict(Tokenizer.from_str(tokenizer_json.decode("utf-8")).get_vocab(with_added_tokens=True))
