@@ -52,6 +52,8 @@ class Row:
     verify: float = 0.0
     bookkeeping: float = 0.0
     outputs: list[tuple[int, ...]] = field(default_factory=list)
+    diverse: list[int] = field(default_factory=list)
+    masked: list[int] = field(default_factory=list)
 
 
 def main() -> None:
@@ -95,6 +97,8 @@ def main() -> None:
             row.verify += out.timings.verify
             row.bookkeeping += out.timings.bookkeeping
             row.outputs.append(out.token_ids)
+            row.diverse.append(len(out.diverse_positions))
+            row.masked.append(len(out.masked_positions))
             print(
                 f"  {name:>14} prompt {i}: {len(out.token_ids)} tokens, {out.tokens_per_s:.2f} tok/s, "
                 f"AATPS {out.aatps:.2f}",
@@ -144,7 +148,8 @@ def main() -> None:
         print(
             f"| {name} | {rate:.2f} | {rate / (base.tokens / base.seconds):.2f}x | "
             f"{statistics.mean(row.aatps):.2f} ± {sd:.2f} | {row.forwards} | {row.draft:.1f} | "
-            f"{row.verify:.1f} | {row.bookkeeping:.1f} | {same} |"
+            f"{row.verify:.1f} | {row.bookkeeping:.1f} | {same} | "
+            f"{statistics.mean(row.diverse or [0]):.1f} / {statistics.mean(row.masked or [0]):.1f} |"
         )
 
 
