@@ -51,7 +51,9 @@ def test_mpfr_text_is_detected_and_pfr_nowm_is_not(pair, tmp_path: Path):
         ids = pair.encode_prompt(prompt)
         for method, drafts in (("mpfr", 4), ("pfr-nowm", 1)):
             config = SamplerConfig(method=method, drafts=drafts, lookahead=4, max_new_tokens=128)
-            out = generate(pair.target, ids, config=config, key=key, drafter=pair.drafter, seed=i, decode=pair.decode)
+            out = generate(
+                pair.target, ids, config=config, key=key, drafter=pair.drafter, seed=i, decode=pair.decode
+            )
             path = tmp_path / f"{method}-{i}.txt"
             path.write_text(out.text)
             detection = json.loads(runner.invoke(app, ["detect", str(path), "--json"]).stdout)
@@ -65,7 +67,9 @@ def test_mpfr_text_is_detected_and_pfr_nowm_is_not(pair, tmp_path: Path):
 def test_mpfr_emits_basic_uwm_tokens_on_the_real_pair(pair):
     key = _material(_key())
     ids = pair.encode_prompt(PROMPTS[0])
-    reference = generate(pair.target, ids, config=SamplerConfig(method="basic-uwm", max_new_tokens=48), key=key, seed=9)
+    reference = generate(
+        pair.target, ids, config=SamplerConfig(method="basic-uwm", max_new_tokens=48), key=key, seed=9
+    )
     for drafts in (1, 4):
         config = SamplerConfig(method="mpfr", drafts=drafts, lookahead=4, max_new_tokens=48)
         out = generate(pair.target, ids, config=config, key=key, drafter=pair.drafter, seed=9)
