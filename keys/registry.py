@@ -39,6 +39,11 @@ _MAX_NAME = 200
 LOCAL_ACTOR = "local"  # actor of key changes made without saying who (library calls)
 
 
+def new_secret() -> Secret:
+    """A fresh 256-bit key secret from the OS's CSPRNG (tests replace this to seed their keys)."""
+    return Secret(os.urandom(SECRET_BYTES))
+
+
 @dataclass(frozen=True, kw_only=True)
 class KeyInfo:
     """Public view of a key (no secret, ever)."""
@@ -202,7 +207,7 @@ class KeyRegistry:
 
     def _new_key(self, session: Session, name: str, spec: WatermarkSpec) -> Key:
         key_id = "wk_" + secrets.token_hex(6)
-        secret = Secret(os.urandom(SECRET_BYTES))
+        secret = new_secret()
         row = Key(
             id=key_id,
             name=name,
