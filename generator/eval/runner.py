@@ -73,10 +73,11 @@ class Setting:
     def sampler(self, info: RunInfo) -> SamplerConfig:
         """The generation config of this setting within the run."""
         target = info.logits()
-        draft = dataclasses.replace(target, temperature=self.draft_temperature or target.temperature)
+        temperature = self.draft_temperature if self.draft_temperature is not None else target.temperature
+        draft = dataclasses.replace(target, temperature=temperature)
         return SamplerConfig(
             method=self.method,
-            lookahead=self.lookahead or 1,
+            lookahead=self.lookahead if self.lookahead is not None else 1,
             drafts=self.drafts,
             max_new_tokens=info.max_new_tokens,
             target_logits=target,

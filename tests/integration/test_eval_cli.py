@@ -1,0 +1,228 @@
+"""`wmark eval` end to end on tiny model directories built here: rows, summary tables and plots;
+resuming (rerun skips finished rows, a crash loses nothing, a killed run completes without
+duplicates); the drafter ablation; and one-line errors (exit 2) for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from typer.testing import CliRunner
+
+from wmark.cli.main import app
+
+runner = CliRunner()
+N_WORDS = 200
+
+
+def _model_dir(path: Path, seed: int) -> Path:
+    config = Qwen2Config(
+        vocab_size=N_WORDS + 2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=1,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(5.0)
+        model.lm_head.weight[1].zero_()  # EOS never makes the top 50: answers run to the budget
+    model.save_pretrained(path)
+    vocab = {"[UNK]": 0, "[EOS]": 1, **{f"w{i}": i + 2 for i in range(N_WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("eval")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"p{i}",
+                    "prompt": " ".join(f"w{j}" for j in range(9 * i, 9 * i + 12)),
+                    "reference": " ".join(f"w{j}" for j in range(5, 40)),
+                }
+            )
+            + "\n"
+            for i in range(2)
+        )
+    )
+    return {
+        "target": _model_dir(root / "target", 0),
+        "drafter": _model_dir(root / "drafter", 1),
+        "prompts": prompts,
+    }
+
+
+def _args(dirs: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return [
+        "eval",
+        "--out",
+        str(out),
+        "--prompts",
+        str(dirs["prompts"]),
+        "--target",
+        str(dirs["target"]),
+        "--drafter",
+        str(dirs["drafter"]),
+        "--raw",
+        "--precision",
+        "exact-fp32",
+        "--max-new-tokens",
+        "16",
+        *extra,
+    ]
+
+
+def _rows(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+GRID = ["--methods", "basic-uwm,vsps,pfr,mse,mse-pseudo,mpfr,gls", "--lookahead", "1,2", "--drafts", "2,3"]
+
+
+def test_eval_writes_rows_tables_and_plots_and_resumes(dirs, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, _args(dirs, out, *GRID))
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    # per prompt: basic-uwm 1 + (vsps, pfr, mse, mse-pseudo) x L{1,2} 8 + (mpfr, gls) x L=2 x B{2,3} 4
+    assert len(rows) == 2 * 13 and len({r["row_id"] for r in rows}) == 26
+    for r in rows:
+        assert r["target_forwards"] == len(r["blocks"]) and sum(r["blocks"]) == r["n_tokens"] == 16
+        assert r["rouge_l"] is not None and r["lppl"] > 0
+    by = {(r["prompt_id"], r["method"], r["lookahead"], r["drafts"]): r for r in rows}
+    for pid in ("p0", "p1"):  # one key and request seed per prompt: the race methods emit one text
+        assert by[(pid, "pfr", 1, 1)]["token_ids"] == by[(pid, "basic-uwm", None, 1)]["token_ids"]
+        assert by[(pid, "mpfr", 2, 3)]["token_ids"] == by[(pid, "basic-uwm", None, 1)]["token_ids"]
+    summary = (out / "summary.md").read_text()
+    for heading in (
+        "## Single draft (per L)",
+        "### L = 1",
+        "## Multi-draft: MPFR vs GLS (Table 1 shape)",
+        "## TPR at 1% FPR vs evaluated tokens",
+        "## Calibration under H0",
+        "## mse-pseudo detector: tau",
+        "## Hu & Huang's pooled conventions",
+        "| mse-pseudo [k1 only] |",
+        "| vsps † |",
+    ):
+        assert heading in summary, heading
+    assert "## Drafter substitution" not in summary  # one drafter condition only
+    for png in ("frontier.png", "multidraft.png", "tpr.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "drafters.png").exists()
+    run = json.loads((out / "run.json").read_text())
+    assert run["max_new_tokens"] == 16 and run["spec"]
+
+    # Rerun: nothing left to generate, no model is loaded, the rows are untouched.
+    before = (out / "results.jsonl").read_bytes()
+    start = time.perf_counter()
+    again = runner.invoke(app, _args(dirs, out, *GRID))
+    assert again.exit_code == 0, again.output
+    assert (out / "results.jsonl").read_bytes() == before and time.perf_counter() - start < 30
+    # More settings: only the new rows run.
+    more = runner.invoke(app, _args(dirs, out, "--methods", "pfr,mws", "--lookahead", "2"))
+    assert more.exit_code == 0, more.output
+    assert len(_rows(out)) == 26 + 2  # mws at L=2 for two prompts; pfr L=2 was there
+    # A torn last line (crash mid-append) is cut and its row generated again.
+    data = (out / "results.jsonl").read_bytes()
+    (out / "results.jsonl").write_bytes(data[: len(data) - 40])
+    assert len(runner.invoke(app, _args(dirs, out, "--methods", "pfr,mws", "--lookahead", "2")).output) >= 0
+    rows = _rows(out)
+    assert len(rows) == 28 and len({r["row_id"] for r in rows}) == 28
+    # --summary-only rebuilds the outputs from the rows alone.
+    (out / "summary.md").unlink()
+    only = runner.invoke(app, [*_args(dirs, out), "--summary-only", "--no-plots"])
+    assert only.exit_code == 0 and "## Single draft" in (out / "summary.md").read_text()
+
+
+def test_a_killed_run_resumes_without_loss_or_duplicates(dirs, tmp_path):
+    out = tmp_path / "killed"
+    args = _args(dirs, out, "--methods", "pfr,mse,gls", "--lookahead", "2", "--drafts", "2", "--no-plots")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "wmark.cli", *args], env=env, stderr=subprocess.DEVNULL)
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (not results.exists() or results.read_text().count("\n") < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = results.read_text().count("\n")
+    assert 2 <= done < 6  # it was killed part-way through
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert len(rows) == 6 and len({r["row_id"] for r in rows}) == 6
+
+
+def test_drafter_ablation_reports_text_drift(dirs, tmp_path):
+    out = tmp_path / "ablation"
+    args = _args(dirs, out, "--methods", "pfr,mpfr,mse", "--lookahead", "2", "--drafts", "2")
+    args += ["--drafter", f"{dirs['drafter']},target", "--draft-temperature", "1,0.5"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = (out / "summary.md").read_text()
+    assert "## Drafter substitution" in summary and (out / "drafters.png").exists()
+    ablation = summary.split("## Drafter substitution")[1].split("\n## ")[0]
+    lines = [line for line in ablation.splitlines() if line.startswith(("| pfr (L=2)", "| mpfr (L=2, B=2)"))]
+    assert len(lines) == 8  # 2 methods x 4 drafter conditions
+    assert all(cells.split("|")[-3].strip() in ("(default)", "2/2") for cells in lines)  # text never changes
+    rows = _rows(out)
+    assert {r["drafter"] for r in rows} == {str(dirs["drafter"]), "target"}
+    target_drafted = [r for r in rows if r["drafter"] == "target" and r["draft_temperature"] == 1.0]
+    # P == Q: every draft is accepted, each block is L + 1 tokens (the last one cut by the budget)
+    assert all(set(r["blocks"][:-1]) == {3} for r in target_drafted if r["method"] == "pfr")
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--methods", "pfr,nope"], "unknown method 'nope'; known: basic-uwm, pfr, pfr-nowm, mpfr, vsps"),
+        (["--lookahead", "x"], "--lookahead: expected comma-separated integers"),
+        (["--lookahead", "0"], "lookahead must be in"),
+        (["--drafts", "99"], "drafts must be in"),
+        (["--draft-temperature", "0"], "temperature must be > 0"),
+        (["--limit", "0"], "--limit must be at least 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(dirs, tmp_path, extra, message):
+    result = runner.invoke(app, _args(dirs, tmp_path / "bad", *extra))
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "bad" / "results.jsonl").exists()
+
+
+def test_malformed_prompt_file_names_the_line(dirs, tmp_path):
+    prompts = tmp_path / "broken.jsonl"
+    prompts.write_text('{"id": "ok", "prompt": "w1 w2"}\n{"id": "bad", "prompt": \n')
+    result = runner.invoke(app, [*_args(dirs, tmp_path / "out"), "--prompts", str(prompts)])
+    assert result.exit_code == 2
+    assert f"{prompts}, line 2: not valid JSON" in " ".join(result.output.split())
+
+
+def test_resuming_with_other_run_settings_is_refused(dirs, tmp_path):
+    out = tmp_path / "pinned"
+    assert runner.invoke(app, _args(dirs, out, "--methods", "basic-uwm", "--no-plots")).exit_code == 0
+    result = runner.invoke(app, [*_args(dirs, out, "--methods", "basic-uwm"), "--max-new-tokens", "20"])
+    assert result.exit_code == 2 and "max_new_tokens=16, not 20" in " ".join(result.output.split())
+    empty = runner.invoke(app, [*_args(dirs, tmp_path / "empty"), "--summary-only"])
+    assert empty.exit_code == 2 and "no results yet" in empty.output
