@@ -25,6 +25,7 @@ from wmark.secret import Secret
 
 if TYPE_CHECKING:  # torch, transformers and matplotlib load only when the command runs
     from wmark.generator.eval.runner import EvalModels, Job, ResultsFile, RunInfo
+    from wmark.generator.loading import ModelPair
 
 EVAL_KEY_TAG = b"wmark.eval-key.v1"
 
@@ -161,17 +162,7 @@ def eval_cmd(
     prompt_set = load_prompt_set(prompts, limit=limit)
     out.mkdir(parents=True, exist_ok=True)
     run_json = out / "run.json"
-    stored = RunInfo.load(run_json) if run_json.exists() else None
-    if stored is not None:
-        info.check_compatible(stored, out)
-        info = dataclasses.replace(
-            info,
-            key_fingerprint=stored.key_fingerprint,
-            default_drafter=stored.default_drafter,
-            default_draft_temperature=stored.default_draft_temperature,
-            prompts=stored.prompts,
-            spec=stored.spec,
-        )
+    info = _resume_info(info, run_json)
     results = ResultsFile(out / "results.jsonl")
     rows = results.load()
     done = {r["row_id"] for r in rows}
@@ -203,14 +194,27 @@ def eval_cmd(
     _write_outputs(rows, info, out, plots)
 
 
-def _key_material(key_id: str | None, secret: Secret | None, derived_id: str, pair: object) -> KeyMaterial:
+def _resume_info(info: RunInfo, run_json: Path) -> RunInfo:
+    """The run description to use: `info` for a new folder, else the stored one (which must match).
+
+    A folder keeps its first run's default drafter condition, key fingerprint and spec; later
+    runs may add methods, settings, drafters, prompts and seeds.
+    """
+    from wmark.generator.eval.runner import RunInfo
+
+    if not run_json.exists():
+        return info
+    stored = RunInfo.load(run_json)
+    info.check_compatible(stored, run_json.parent)
+    return stored
+
+
+def _key_material(key_id: str | None, secret: Secret | None, derived_id: str, pair: ModelPair) -> KeyMaterial:
     """The registry key (checked against the target's tokenizer) or the derived evaluation key."""
     from wmark.cli.generate import check_tokenizer
     from wmark.detector import TextTokenizer
-    from wmark.generator.loading import ModelPair
     from wmark.spec import WatermarkSpec
 
-    assert isinstance(pair, ModelPair)
     if key_id is not None:
         with open_registry() as registry:
             material = registry.material(key_id, for_generation=True)

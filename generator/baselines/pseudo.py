@@ -11,12 +11,12 @@ MSE whose acceptance test and residual are keyed by a second key k2 instead of f
 k2 is derived from k1 through k1's own keyed PRF at a reserved label (h + 1 copies of 2^32 - 1,
 longer than any window, made of an ID no vocabulary has), so the detector holding k1 holds k2
 and nothing else can recompute it. Unlike He et al., who apply k2 at every position, positions
-that must not carry the key (repeated windows, the diversity prefix) fall back to `mse`'s fresh
-acceptance: they are never scored, and keying them again would reuse k2's randomness at a
-window already used. r uses a counter of its own, so it is independent of the residual's
-uniforms (He et al.'s code reads both from the same draw).
+that must not carry the key fall back to `mse`'s fresh acceptance: a repeated window is never
+scored, and keying it again would reuse k2's randomness at a window already used; the diversity
+prefix is unkeyed by design. r uses a counter of its own, so it is independent of the
+residual's uniforms (He et al.'s code reads both from the same draw).
 
-Detection (`wmark.generator.eval.pseudo`) mixes the two pivots: U2(y) where r > tau (a rejection
+Detection (`wmark.generator.eval.detection`) mixes the two pivots: U2(y) where r > tau (a rejection
 was likely, the token is k2's residual winner), else U1(y).
 """
 
