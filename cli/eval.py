@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import (
@@ -127,7 +127,7 @@ def eval_cmd(
           --drafter embedded,target --draft-temperature 1,0.5,1.5
     """
     from wmark.generator.eval.prompts import load_prompt_set
-    from wmark.generator.eval.runner import ResultsFile, RunInfo, expand_settings, lppl_key, plan_jobs
+    from wmark.generator.eval.runner import ResultsFile, RunInfo, expand_settings, plan_jobs
 
     lookaheads = _ints("--lookahead", lookahead)
     temperatures = _floats("--draft-temperature", draft_temperature) if draft_temperature else [temperature]
@@ -164,34 +164,70 @@ def eval_cmd(
     run_json = out / "run.json"
     info = _resume_info(info, run_json)
     results = ResultsFile(out / "results.jsonl")
-    rows = results.load()
-    done = {r["row_id"] for r in rows}
-    pending = [
-        j for j in plan_jobs(prompt_set.prompts, settings, _ints("--seeds", seeds)) if j.row_id not in done
-    ]
-
-    if pending and not summary_only:
-        from wmark.generator.eval.models import load_models
-
-        with err_console.status("loading models") as status:
-            models, pair = load_models(
-                target, drafters, device=device, precision=precision, chat=chat, progress=status.update
-            )
-        models.lppl_cache.update(
-            {lppl_key(r["prompt_key"], r["token_ids"]): (r["lppl"], r["lppl_dropped"]) for r in rows}
-        )
-        material = _key_material(key, secret, info.key_id, pair)
-        if not info.spec:
-            info = dataclasses.replace(
-                info, key_fingerprint=material.secret.fingerprint(), spec=material.spec.to_json()
-            )
-            info.save(run_json)
-        elif info.spec != material.spec.to_json():
-            raise InputError(f"{out} was made with another key spec (tokenizer): use another --out")
-        rows += _run(pending, models, material, info, results)
+    plan = plan_jobs(prompt_set.prompts, settings, _ints("--seeds", seeds))
+    if summary_only:
+        rows = results.load()
+    else:
+        with results.locked():
+            rows = results.load(repair=True)
+            done = {r["row_id"] for r in rows}
+            pending = [j for j in plan if j.row_id not in done]
+            if pending:
+                info, new = _generate(
+                    pending,
+                    rows,
+                    info,
+                    run_json,
+                    results,
+                    target=target,
+                    drafters=drafters,
+                    device=device,
+                    precision=precision,
+                    chat=chat,
+                    key=key,
+                    secret=secret,
+                )
+                rows += new
     if not rows:
         raise InputError(f"{out}: no results yet; run without --summary-only first")
     _write_outputs(rows, info, out, plots)
+
+
+def _generate(
+    pending: list[Job],
+    rows: list[dict[str, Any]],
+    info: RunInfo,
+    run_json: Path,
+    results: ResultsFile,
+    *,
+    target: str,
+    drafters: list[str],
+    device: str,
+    precision: str,
+    chat: bool,
+    key: str | None,
+    secret: Secret | None,
+) -> tuple[RunInfo, list[dict[str, Any]]]:
+    """Load the models and run the pending jobs; a new folder gets its run.json here."""
+    from wmark.generator.eval.models import load_models
+    from wmark.generator.eval.runner import lppl_key
+
+    with err_console.status("loading models") as status:
+        models, pair = load_models(
+            target, drafters, device=device, precision=precision, chat=chat, progress=status.update
+        )
+    models.lppl_cache.update(
+        {lppl_key(r["prompt_key"], r["token_ids"]): (r["lppl"], r["lppl_dropped"]) for r in rows}
+    )
+    material = _key_material(key, secret, info.key_id, pair)
+    if not info.spec:
+        info = dataclasses.replace(
+            info, key_fingerprint=material.secret.fingerprint(), spec=material.spec.to_json()
+        )
+        info.save(run_json)
+    elif info.spec != material.spec.to_json():
+        raise InputError(f"{run_json.parent} was made with another key spec (tokenizer): use another --out")
+    return info, _run(pending, models, material, info, results)
 
 
 def _resume_info(info: RunInfo, run_json: Path) -> RunInfo:
@@ -227,11 +263,11 @@ def _key_material(key_id: str | None, secret: Secret | None, derived_id: str, pa
 
 def _run(
     pending: list[Job], models: EvalModels, material: KeyMaterial, info: RunInfo, results: ResultsFile
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """Generate the pending rows with a progress bar, appending each as soon as it is done."""
     from wmark.generator.eval.runner import run_job
 
-    new: list[dict[str, object]] = []
+    new: list[dict[str, Any]] = []
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -267,7 +303,7 @@ def _run(
     return new
 
 
-def _write_outputs(rows: list[dict[str, object]], info: RunInfo, out: Path, plots: bool) -> None:
+def _write_outputs(rows: list[dict[str, Any]], info: RunInfo, out: Path, plots: bool) -> None:
     from wmark.generator.eval.summary import render_summary
     from wmark.spec import WatermarkSpec
 

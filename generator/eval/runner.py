@@ -16,11 +16,13 @@ same unkeyed randomness for the same prompt, and basic-uwm, pfr and mpfr emit th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,13 +212,37 @@ def plan_jobs(prompts: Sequence[Prompt], settings: Sequence[Setting], seeds: Seq
 
 
 class ResultsFile:
-    """results.jsonl: append-only, one JSON row per line, safe against crashes mid-write."""
+    """results.jsonl: append-only, one JSON row per line, safe against crashes mid-write.
+
+    Only one process writes a folder at a time (`locked`); readers (`load(repair=False)`) never
+    modify the file, so a summary can be rebuilt while a run is still appending.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def load(self) -> list[dict[str, Any]]:
-        """All complete rows; a torn last line (crash while writing) is cut off the file.
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the folder's writer lock for the duration of the block.
+
+        Raises:
+            InputError: another process is writing to this folder.
+        """
+        with (self.path.parent / ".lock").open("ab") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise InputError(
+                    f"another wmark eval is writing to {self.path.parent}; wait for it to finish"
+                ) from None
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def load(self, *, repair: bool = False) -> list[dict[str, Any]]:
+        """All complete rows. A torn last line (a crash while writing) is skipped, and with `repair`
+        (writers only, under `locked`) cut off the file so that appends continue after a whole row.
 
         Raises:
             InputError: a line other than the last is not valid JSON (the file was edited).
@@ -239,9 +265,9 @@ class ResultsFile:
                     ) from None
                 break  # the torn tail of an interrupted append
             good += len(line) + 1
-        if good < len(data):
+        if repair and good < len(data):
             with self.path.open("r+b") as f:
-                f.truncate(min(good, len(data)))
+                f.truncate(good)
         return rows
 
     def append(self, row: Mapping[str, Any]) -> None:

@@ -7,6 +7,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -138,10 +140,29 @@ def test_results_file_survives_a_torn_line(tmp_path: Path):
     results.append({"row_id": "b"})
     with results.path.open("a") as f:
         f.write('{"row_id": "c", "tok')  # a crash in the middle of an append
+    torn = results.path.read_bytes()
     assert [r["row_id"] for r in results.load()] == ["a", "b"]
-    assert results.path.read_text().endswith("}\n")  # the torn tail is cut off the file
+    assert results.path.read_bytes() == torn  # a reader never modifies the file
+    assert [r["row_id"] for r in results.load(repair=True)] == ["a", "b"]
+    assert results.path.read_text().endswith("}\n")  # the writer cuts the torn tail off
     results.append({"row_id": "c"})
     assert [r["row_id"] for r in results.load()] == ["a", "b", "c"]
+
+
+def test_one_writer_per_folder(tmp_path: Path):
+    results = ResultsFile(tmp_path / "results.jsonl")
+    script = (
+        "import sys; from pathlib import Path; from wmark.generator.eval.runner import ResultsFile; "
+        "from wmark.errors import InputError\n"
+        "try:\n    ResultsFile(Path(sys.argv[1])).locked().__enter__()\nexcept InputError as e:\n    print(e)"
+    )
+    with results.locked():
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(results.path)], capture_output=True, text=True
+        )
+    assert "another wmark eval is writing to" in out.stdout
+    again = subprocess.run([sys.executable, "-c", script, str(results.path)], capture_output=True, text=True)
+    assert again.stdout == ""  # released
 
 
 def test_results_file_refuses_a_corrupt_middle_line(tmp_path: Path):
