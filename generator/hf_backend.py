@@ -16,6 +16,7 @@ Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.roww
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from transformers import AttentionInterface, DynamicCache, PreTrainedModel
@@ -30,13 +31,18 @@ PRECISIONS = ("auto", "int8", "exact-fp32", "fp32", "bf16", "fp16")
 AttentionInterface.register(ATTENTION_NAME, rowwise_attention)
 
 
-def prepare_model(model: PreTrainedModel, precision: str, device: str) -> PreTrainedModel:
-    """Cast/convert a loaded model for `precision` on `device` and put it in eval mode."""
+def prepare_model(
+    model: PreTrainedModel, precision: str, device: str, *, int8_cache: Path | None = None
+) -> PreTrainedModel:
+    """Cast/convert a loaded model for `precision` on `device` and put it in eval mode.
+
+    `int8_cache`: where the int8 weights are kept between loads (see `convert_linears`).
+    """
     if precision in ("int8", "exact-fp32"):
         if device != "cpu":
             raise BackendError(f"precision {precision} is CPU-only; use bf16, fp16 or fp32 on {device}")
         model = model.to(torch.float32)
-        convert_linears(model, "int8" if precision == "int8" else "fp32")
+        convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
         model.config._attn_implementation = ATTENTION_NAME
         for sub in model.modules():  # every layer reads the implementation from its config
             if hasattr(sub, "config"):

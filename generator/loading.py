@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from wmark.errors import BackendError, InputError
-from wmark.generator.embedded import DRAFTER, TARGET, prepare
+from wmark.generator.embedded import DRAFTER, TARGET, models_dir, prepare
 from wmark.generator.hf_backend import PRECISIONS, HFModel, prepare_model
 
 __all__ = ["ModelPair", "load_pair", "resolve_source"]
@@ -56,7 +56,21 @@ def _load_model(source: Path | str, precision: str, device: str) -> PreTrainedMo
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise BackendError(f"cannot load a model from {source}: {exc}") from exc
-    return prepare_model(model, precision, device)
+    return prepare_model(
+        model, precision, device, int8_cache=_int8_cache(source) if precision == "int8" else None
+    )
+
+
+def _int8_cache(source: Path | str) -> Path | None:
+    """Where a local model's int8 weights are kept: named by its path and its weight files' stamps."""
+    path = Path(source)
+    if not path.is_dir():
+        return None  # a hub id: nothing stable to key the cache by
+    stamp = hashlib.sha256(str(path.resolve()).encode())
+    for weights in sorted(path.glob("*.safetensors")):
+        stat = weights.stat()
+        stamp.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return models_dir() / "int8" / f"{stamp.hexdigest()[:32]}.safetensors"
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

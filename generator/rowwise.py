@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 from torch import nn
 
@@ -58,24 +61,34 @@ _QUINT8_ZERO = 128  # symmetric activations in quint8: q = round(127 x) + 128
 
 
 class RowInt8Linear(nn.Module):
-    """Linear layer with int8 weights and per-row int8 activations (batch-invariant)."""
+    """Linear layer with int8 weights and per-row int8 activations (batch-invariant).
 
-    def __init__(self, linear: nn.Linear) -> None:
+    Args:
+        weight_int8: (out, in) int8 weights.
+        scale: (out,) float64 per-output-channel scales (weight = weight_int8 * scale).
+        bias: (out,) float32 bias or None.
+    """
+
+    def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
-        weight = linear.weight.detach().to(torch.float32)
-        scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(torch.float64)
         with warnings.catch_warnings():
             # torch 2.13 deprecates quantized tensor *creation* (pytorch#184982); the fbgemm kernels
             # stay. When it is removed this needs torchao's int8 kernels instead.
             warnings.filterwarnings("ignore", message=".*quantized tensor creation.*", category=UserWarning)
-            qweight = torch.quantize_per_channel(
-                weight, scale, torch.zeros_like(scale, dtype=torch.int64), 0, torch.qint8
+            qweight = torch._make_per_channel_quantized_tensor(
+                weight_int8, scale, torch.zeros_like(scale, dtype=torch.int64), 0
             )
             self._packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self.bias = (
-            None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
-        )
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.out_features, self.in_features = weight_int8.shape
+
+    @staticmethod
+    def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Symmetric per-output-channel int8: (weight_int8, scale)."""
+        weight = weight.detach().to(torch.float32)
+        scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(torch.float64)
+        weight_int8 = torch.clamp(torch.round(weight / scale[:, None]), -127, 127).to(torch.int8)
+        return weight_int8, scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.float32)
@@ -107,14 +120,39 @@ class RowFloatLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
-def convert_linears(model: nn.Module, kind: str) -> int:
-    """Replace every nn.Linear of `model` by its batch-invariant version; returns how many."""
-    factory = {"int8": RowInt8Linear, "fp32": RowFloatLinear}[kind]
+def convert_linears(model: nn.Module, kind: str, int8_cache: Path | None = None) -> int:
+    """Replace every nn.Linear of `model` by its batch-invariant version; returns how many.
+
+    Args:
+        model: the model, modified in place.
+        kind: "int8" or "fp32".
+        int8_cache: a safetensors file of the quantised weights: read if it exists (quantising a
+            1.5B model takes half a minute, reading its int8 weights a few seconds), else written.
+    """
     targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    cached: dict[str, torch.Tensor] = {}
+    if kind == "int8" and int8_cache is not None and int8_cache.is_file():
+        cached = safetensors.torch.load_file(str(int8_cache))
+    fresh: dict[str, torch.Tensor] = {}
     for name, module in targets:
+        replacement: nn.Module
+        if kind == "fp32":
+            replacement = RowFloatLinear(module)
+        else:
+            if f"{name}.q" in cached:
+                weight_int8, scale = cached[f"{name}.q"], cached[f"{name}.scale"]
+            else:
+                weight_int8, scale = RowInt8Linear.quantize(module.weight)
+                fresh[f"{name}.q"], fresh[f"{name}.scale"] = weight_int8, scale
+            replacement = RowInt8Linear(weight_int8, scale, module.bias)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, factory(module))
+        setattr(parent, child, replacement)
+    if fresh and int8_cache is not None:
+        int8_cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = int8_cache.with_suffix(".partial")
+        safetensors.torch.save_file({**cached, **fresh}, str(partial))
+        os.replace(partial, int8_cache)  # readers never see half a file
     return len(targets)
 
 
