@@ -171,3 +171,15 @@ def test_generator_mask_equals_the_detector_mask_from_the_final_text():
             # positions < h are not scorable, and windows first seen in the prompt overlap are rare.
             answer = scored_positions(np.array(out.token_ids, dtype=np.uint32), 4, start=0)
             assert set(answer.masked.tolist()) <= set(out.masked_positions)
+
+
+def test_int8_weights_are_cached_between_loads(tmp_path):
+    cache = tmp_path / "int8.safetensors"
+    first = HFModel(prepare_model(_tiny(0), "int8", "cpu", int8_cache=cache), frozenset({EOS}))
+    assert cache.is_file()
+    stamp = cache.stat().st_mtime_ns
+    second = HFModel(prepare_model(_tiny(0), "int8", "cpu", int8_cache=cache), frozenset({EOS}))
+    assert cache.stat().st_mtime_ns == stamp  # read, not rewritten
+    a, _ = first.session(PROMPT).extend([], [])
+    b, _ = second.session(PROMPT).extend([], [])
+    assert torch.equal(a, b)
