@@ -28,8 +28,8 @@ Q = np.array([0.10, 0.35, 0.05, 0.25, 0.05, 0.05, 0.15])
 TV = 0.5 * np.abs(P - Q).sum()  # 0.39
 SPEC = WatermarkSpec(tokenizer=TokenizerRef(name="fake", sha256="0" * 64, vocab_size=len(P)))
 PROMPT = [1, 2, 3, 4]
-# Reject at p < 1e-4: over the ~30 chi-square tests below a correct sampler fails one with
-# probability < 0.3%. With 2000 keys a bias of TV 0.05 (spread over the 7 tokens) gives a
+# Reject at p < 1e-4: over the ~55 chi-square tests below a correct sampler fails one with
+# probability < 0.6%. With 2000 keys a bias of TV 0.05 (spread over the 7 tokens) gives a
 # noncentrality of ~40 against a critical value of 27.9 (6 dof); the fresh-noise `gls` has TV ~0.1
 # at its first position here (noncentrality > 100), so it fails essentially always.
 P_REJECT = 1e-4
@@ -118,29 +118,37 @@ def test_fresh_noise_correction_changes_tokens_not_block_lengths(gls_fresh):
     assert changed > 20  # it is a different sampler, not a no-op
 
 
-JOINT = ["vsps", "mws", "mse", "mse-pseudo", "gls"]
+JOINT = [("vsps", 1), ("mws", 1), ("mse", 1), ("mse-pseudo", 1), ("gls", 3)]
 
 
-@pytest.mark.parametrize("method", JOINT)
-def test_context_dependent_target_is_reproduced_jointly(method):
+@pytest.mark.parametrize("method,drafts", JOINT, ids=[m for m, _ in JOINT])
+def test_context_dependent_target_is_reproduced_across_blocks(method, drafts):
+    # A Markov target and drafter: the first two tokens jointly, and each later token's marginal
+    # (pi_t = pi_0 T^t), over 6 tokens with L = 2, so several blocks and block boundaries.
     rng = np.random.default_rng(3)
     table_p = rng.dirichlet(np.full(5, 0.8), size=5)
     table_q = rng.dirichlet(np.full(5, 0.8), size=5)
     target, drafter = FakeLM.markov(table_p), FakeLM.markov(table_q)
     spec = WatermarkSpec(tokenizer=TokenizerRef(name="fake", sha256="0" * 64, vocab_size=5))
-    config = SamplerConfig(method=method, lookahead=2, max_new_tokens=2, diversity_bits=0)
+    config = SamplerConfig(method=method, drafts=drafts, lookahead=2, max_new_tokens=6, diversity_bits=0)
     n = 1500
-    pairs = np.zeros((5, 5))
+    pairs, later = np.zeros((5, 5)), np.zeros((4, 5))
     for i in range(n):
         key = KeyMaterial(key_id="k", secret=Secret(hashlib.sha256(b"joint%d" % i).digest()), spec=spec)
         out = generate(target, [0, 1, 2, 3], config=config, key=key, drafter=drafter, seed=i)
         pairs[out.token_ids[0], out.token_ids[1]] += 1
+        for t in range(2, 6):
+            later[t - 2, out.token_ids[t]] += 1
     expected = n * table_p[3][:, None] * table_p  # P(y0 | 3) P(y1 | y0)
-    # 24 dof; cells with expectation < 5 are merged into one so the chi-square law holds.
+    # Cells with expectation < 5 are merged into one so the chi-square law holds.
     small = expected.ravel() < 5
     obs = np.append(pairs.ravel()[~small], pairs.ravel()[small].sum())
     exp = np.append(expected.ravel()[~small], expected.ravel()[small].sum())
     assert stats.chisquare(obs, exp).pvalue > P_REJECT
+    marginal = table_p[3] @ table_p  # the law of y1
+    for row in later:
+        marginal = marginal @ table_p
+        assert stats.chisquare(row, n * marginal).pvalue > P_REJECT
 
 
 @pytest.mark.parametrize("method", ["mse", "vsps"])
