@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,10 +22,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, err_console, open_registry, print_json
 from wmark.detector.rows import ScanSummary
 from wmark.detector.scan import ScanProgress, prepare_scan
 from wmark.detector.sources import SourceOptions
+from wmark.keys.audit import AuditEntry
 
 EXIT_INTERRUPTED = 130
 
@@ -174,10 +177,38 @@ def scan(
             highlight=False,
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    _audit(summary, [k.key_id for k in keys], alpha)
     if as_json:
         print_json(summary.to_dict())
     else:
         _table(summary)
+
+
+def _audit(summary: ScanSummary, key_ids: list[str], alpha: float) -> None:
+    """One audit row per finished scan (not per document): its counts and the output's SHA-256,
+    so the log certifies the results file as well as the fact of the scan."""
+    digest = hashlib.sha256()
+    with open(summary.output, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    result = {
+        "output": summary.output,
+        "documents": summary.documents,
+        "by_verdict": summary.by_verdict,
+        "by_key": summary.by_key,
+        "alpha": alpha,
+        "resumed": summary.resumed,
+    }
+    with open_registry() as registry:
+        registry.audit.append(
+            AuditEntry(
+                actor=cli_actor(),
+                action="scan",
+                key_ids=tuple(key_ids),
+                text_sha256=digest.hexdigest(),
+                result=result,
+            )
+        )
 
 
 def _progress() -> Progress:

@@ -81,10 +81,10 @@ class AuditEntry:
 
     Attributes:
         actor: who did it ("token:<id>", "cli:<user>", "anonymous").
-        action: what ("detect", "key_create", "key_rotate", "key_revoke", "token_create",
+        action: what ("detect", "scan", "key_create", "key_rotate", "key_revoke", "token_create",
             "token_revoke", "auth_failed").
         key_ids: keys involved.
-        text_sha256: SHA-256 of the text detected, for detections.
+        text_sha256: SHA-256 of the text detected, for detections; of the results file, for scans.
         result: JSON-ready outcome (verdict, p-value, status, reason ...).
     """
 

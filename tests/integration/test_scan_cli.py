@@ -7,6 +7,7 @@ fixed in advance: tests compare with what `Localizer` says under the same key in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -93,6 +94,16 @@ def test_scan_prints_a_summary_and_writes_rows(docs, tmp_path, key_id):
     summary = json.loads(again.stdout)
     assert summary["documents"] == 32 and summary["run_documents"] == 0
     assert summary["by_key"] == {key_id: len(marked)}
+
+    # Each finished run leaves one audit row that certifies the results file by its SHA-256.
+    audit = [
+        json.loads(line)
+        for line in _invoke("audit", "tail", "--json", "--action", "scan").stdout.splitlines()
+    ]
+    assert len(audit) == 2 and all(r["key_ids"] == [key_id] for r in audit)
+    assert audit[-1]["text_sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert audit[-1]["result"]["documents"] == 32
+    assert _invoke("audit", "verify").exit_code == 0
 
 
 def test_scan_selected_key_json_summary_and_memory_store(tmp_path, key_id, planted):
