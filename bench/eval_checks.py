@@ -133,7 +133,7 @@ def main() -> None:
         )
         add(
             "4. empirical FPR consistent with 1%",
-            method,
+            f"{method} (every setting)",
             figures,
             full.contains(ALPHA) and pooled.contains(ALPHA),
         )
