@@ -134,9 +134,9 @@ def main() -> None:
     print()
     print(
         "| method | tokens/s | vs basic-uwm | AATPS (mean ± sd) | target forwards | draft s | verify s | "
-        "bookkeeping s | same tokens as basic-uwm |"
+        "bookkeeping s | same tokens as basic-uwm | diversity / masked positions per answer |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, row in rows.items():
         rate = row.tokens / row.seconds
         same = (
