@@ -8,60 +8,31 @@ the drafter (draft-indexed randomness), `mpfr` text does not.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.contexts import scored_positions
 from wmark.detector import Detector
 from wmark.generator.engine import SamplerConfig, generate
-from wmark.generator.hf_backend import HFModel, prepare_model
+from wmark.generator.hf_backend import HFModel
 from wmark.generator.logits import LogitsConfig, Support, supports
 from wmark.prf import KeyedSource, seed_uniforms
 from wmark.race import race_winner
 
-VOCAB = 256
+VOCAB = 256  # the tiny models of conftest.py
 EOS = 0
 SPEC = WatermarkSpec(tokenizer=TokenizerRef(name="tiny", sha256="1" * 64, vocab_size=VOCAB))
 KEY = KeyMaterial(key_id="wk_tiny", secret=Secret(hashlib.sha256(b"tiny baselines").digest()), spec=SPEC)
 PROMPT = [17, 42, 99, 3, 250, 7, 7, 128, 64, 5]
 
 
-def _tiny(seed: int, sharpen: float = 6.0) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpen)  # natural-language-like entropy instead of near-uniform
-    return model
-
-
 @pytest.fixture(scope="module")
-def models() -> dict[str, HFModel]:
-    base = _tiny(0)
-    close = copy.deepcopy(base)
-    with torch.no_grad():  # a drafter that mostly agrees with the target
-        for p in close.parameters():
-            p.add_(0.02 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
-    eos = frozenset({EOS})
-    return {
-        "target": HFModel(prepare_model(base, "exact-fp32", "cpu"), eos),
-        "close": HFModel(prepare_model(close, "exact-fp32", "cpu"), eos),
-        "unrelated": HFModel(prepare_model(_tiny(2), "exact-fp32", "cpu"), eos),
-    }
+def models(tiny_trio) -> dict[str, HFModel]:
+    return tiny_trio()
 
 
 def _run(
@@ -86,19 +57,9 @@ def _target_dists(model: HFModel, output: tuple[int, ...]) -> list[Support]:
 
 
 @pytest.fixture(scope="module")
-def sharp() -> dict[str, HFModel]:
+def sharp(tiny_trio) -> dict[str, HFModel]:
     """A low-entropy pair: its texts repeat windows, so masked positions occur within 60 tokens."""
-    base = _tiny(0, sharpen=26.0)
-    close = copy.deepcopy(base)
-    with torch.no_grad():
-        for p in close.parameters():
-            p.add_(0.02 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
-    eos = frozenset({EOS})
-    return {
-        "target": HFModel(prepare_model(base, "exact-fp32", "cpu"), eos),
-        "close": HFModel(prepare_model(close, "exact-fp32", "cpu"), eos),
-        "unrelated": HFModel(prepare_model(_tiny(2, sharpen=26.0), "exact-fp32", "cpu"), eos),
-    }
+    return tiny_trio(sharpen=26.0)
 
 
 @pytest.mark.parametrize("drafter", ["close", "unrelated"])

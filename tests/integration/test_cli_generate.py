@@ -7,54 +7,20 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from typer.testing import CliRunner
 
 from wmark.cli.main import app
 
 runner = CliRunner()
-N_WORDS = 200
-
-
-def _tokenizer(prefix: str) -> PreTrainedTokenizerFast:
-    vocab = {"[UNK]": 0, "[EOS]": 1, **{f"{prefix}{i}": i + 2 for i in range(N_WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]")
-
-
-def _model_dir(path: Path, seed: int, prefix: str = "w") -> Path:
-    config = Qwen2Config(
-        vocab_size=N_WORDS + 2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=1,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(5.0)
-        # EOS (id 1) gets logit 0 while ~half of the 200 words score above 0: it never makes the
-        # top 50, so answers run to the token budget and are long enough to detect.
-        model.lm_head.weight[1].zero_()
-    model.save_pretrained(path)
-    _tokenizer(prefix).save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def dirs(tmp_path_factory: pytest.TempPathFactory, word_model_dir) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
     return {
-        "target": _model_dir(root / "target", 0),
-        "drafter": _model_dir(root / "drafter", 1),
-        "other": _model_dir(root / "other", 2, prefix="x"),  # a different vocabulary
+        "target": word_model_dir(root / "target", 0),
+        "drafter": word_model_dir(root / "drafter", 1),
+        "other": word_model_dir(root / "other", 2, prefix="x"),  # a different vocabulary
     }
 
 

@@ -13,43 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from typer.testing import CliRunner
 
 from wmark.cli.main import app
 
 runner = CliRunner()
-N_WORDS = 200
-
-
-def _model_dir(path: Path, seed: int) -> Path:
-    config = Qwen2Config(
-        vocab_size=N_WORDS + 2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=1,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(5.0)
-        model.lm_head.weight[1].zero_()  # EOS never makes the top 50: answers run to the budget
-    model.save_pretrained(path)
-    vocab = {"[UNK]": 0, "[EOS]": 1, **{f"w{i}": i + 2 for i in range(N_WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def dirs(tmp_path_factory: pytest.TempPathFactory, word_model_dir) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("eval")
     prompts = root / "prompts.jsonl"
     prompts.write_text(
@@ -66,8 +38,8 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         )
     )
     return {
-        "target": _model_dir(root / "target", 0),
-        "drafter": _model_dir(root / "drafter", 1),
+        "target": word_model_dir(root / "target", 0),
+        "drafter": word_model_dir(root / "drafter", 1),
         "prompts": prompts,
     }
 

@@ -9,7 +9,6 @@ import hashlib
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.contexts import scored_positions
@@ -19,7 +18,7 @@ from wmark.generator.fakes import FakeLM
 from wmark.generator.hf_backend import HFModel, prepare_model
 from wmark.generator.logits import LogitsConfig
 
-VOCAB = 256
+VOCAB = 256  # the tiny models of conftest.py
 EOS = 0
 SPEC = WatermarkSpec(tokenizer=TokenizerRef(name="tiny", sha256="1" * 64, vocab_size=VOCAB))
 KEY = KeyMaterial(key_id="wk_tiny", secret=Secret(hashlib.sha256(b"tiny key").digest()), spec=SPEC)
@@ -27,36 +26,9 @@ PROMPT = [17, 42, 99, 3, 250, 7, 7, 128, 64, 5]
 MAX_NEW = 40
 
 
-def _tiny(seed: int, sharpen: float = 6.0) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpen)  # natural-language-like entropy instead of near-uniform
-    return model
-
-
 @pytest.fixture(scope="module")
-def models() -> dict[str, HFModel]:
-    base = _tiny(0)
-    close = copy.deepcopy(base)
-    with torch.no_grad():  # a drafter that mostly agrees with the target
-        for p in close.parameters():
-            p.add_(0.02 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
-    eos = frozenset({EOS})
-    return {
-        "target": HFModel(prepare_model(base, "exact-fp32", "cpu"), eos),
-        "close": HFModel(prepare_model(close, "exact-fp32", "cpu"), eos),
-        "unrelated": HFModel(prepare_model(_tiny(2), "exact-fp32", "cpu"), eos),
-    }
+def models(tiny_trio) -> dict[str, HFModel]:
+    return tiny_trio()
 
 
 def _run(
@@ -106,11 +78,11 @@ def test_close_drafter_accepts_more_and_mpfr_gains_with_drafts(models):
     assert _run(models, "mpfr", 8, 4, "unrelated").aatps > pfr_unrelated.aatps
 
 
-def test_int8_path_is_batch_invariant_too():
-    base = _tiny(0)
+def test_int8_path_is_batch_invariant_too(tiny_qwen):
+    base = tiny_qwen(0)
     eos = frozenset({EOS})
     target = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu"), eos)
-    drafter = HFModel(prepare_model(_tiny(2), "int8", "cpu"), eos)
+    drafter = HFModel(prepare_model(tiny_qwen(2), "int8", "cpu"), eos)
     ref = generate(
         target, PROMPT, config=SamplerConfig(method="basic-uwm", max_new_tokens=MAX_NEW), key=KEY, seed=5
     )
@@ -173,12 +145,12 @@ def test_generator_mask_equals_the_detector_mask_from_the_final_text():
             assert set(answer.masked.tolist()) <= set(out.masked_positions)
 
 
-def test_int8_weights_are_cached_between_loads(tmp_path):
+def test_int8_weights_are_cached_between_loads(tmp_path, tiny_qwen):
     cache = tmp_path / "int8.safetensors"
-    first = HFModel(prepare_model(_tiny(0), "int8", "cpu", int8_cache=cache), frozenset({EOS}))
+    first = HFModel(prepare_model(tiny_qwen(0), "int8", "cpu", int8_cache=cache), frozenset({EOS}))
     assert cache.is_file()
     stamp = cache.stat().st_mtime_ns
-    second = HFModel(prepare_model(_tiny(0), "int8", "cpu", int8_cache=cache), frozenset({EOS}))
+    second = HFModel(prepare_model(tiny_qwen(0), "int8", "cpu", int8_cache=cache), frozenset({EOS}))
     assert cache.stat().st_mtime_ns == stamp  # read, not rewritten
     a, _ = first.session(PROMPT).extend([], [])
     b, _ = second.session(PROMPT).extend([], [])
