@@ -65,6 +65,36 @@ def holm_adjust(log_ps: Sequence[float]) -> list[float]:
     return adjusted
 
 
+def choose_verdict(
+    log_ps: Sequence[float], enough: Sequence[bool], alpha: float
+) -> tuple[Verdict, int, list[float]]:
+    """The verdict over several keys and the key it reports, from each key's log p-value.
+
+    The p-values are Holm-adjusted over the keys. The key reported is the most significant one
+    that both passes alpha and has enough scored tokens; failing that, the most significant one.
+
+    Returns:
+        (verdict, index of the reported key, the adjusted log p-values in input order).
+    """
+    adjusted = holm_adjust(log_ps)
+    order = sorted(range(len(adjusted)), key=adjusted.__getitem__)
+    detected = [i for i in order if enough[i] and adjusted[i] <= math.log(alpha)]
+    if detected:
+        return "watermarked", detected[0], adjusted
+    return ("not_detected" if any(enough) else "insufficient_evidence"), order[0], adjusted
+
+
+def check_vocabulary(ids: npt.NDArray[np.uint32], key: KeyMaterial) -> None:
+    """Token IDs to score under `key`: not empty, and inside its tokenizer's vocabulary."""
+    if len(ids) == 0:
+        raise InsufficientTextError("the text has no tokens")
+    if int(ids.max()) >= key.spec.tokenizer.vocab_size:
+        raise TokenizerError(
+            f"token ID {int(ids.max())} is outside key {key.key_id}'s vocabulary "
+            f"({key.spec.tokenizer.vocab_size}): the IDs come from another tokenizer"
+        )
+
+
 class Detector:
     """Detects texts or token IDs against a fixed set of keys.
 
@@ -137,7 +167,7 @@ class Detector:
             InputError: bad alpha, bad token IDs, or both/neither of text and token_ids.
             TokenizerError: a key's tokenizer is missing, or token IDs exceed its vocabulary.
         """
-        _check_alpha(alpha)
+        check_alpha(alpha)
         if (text is None) == (token_ids is None):
             raise InputError("give exactly one of text and token_ids")
         if text is not None:
@@ -145,7 +175,7 @@ class Detector:
                 raise InsufficientTextError("the text is empty")
             encodings = self._encode(text, with_offsets=return_tokens)
         else:
-            encodings = {None: (_check_token_ids(token_ids), None)}
+            encodings = {None: (check_token_ids(token_ids), None)}
         return self._score(encodings, alpha=alpha, start=start, return_tokens=return_tokens, source=source)
 
     def detect_many(
@@ -155,7 +185,7 @@ class Detector:
 
         Empty texts raise `InsufficientTextError`; callers that must not stop filter them first.
         """
-        _check_alpha(alpha)
+        check_alpha(alpha)
         if any(not t.strip() for t in texts):
             raise InsufficientTextError("one of the texts is empty")
         shas = sorted({k.spec.tokenizer.sha256 for k in self.keys})
@@ -188,32 +218,17 @@ class Detector:
         for key in self.keys:
             sha = key.spec.tokenizer.sha256
             ids, _ = encodings[sha] if sha in encodings else encodings[None]
-            if len(ids) == 0:
-                raise InsufficientTextError("the text has no tokens")
-            if int(ids.max()) >= key.spec.tokenizer.vocab_size:
-                raise TokenizerError(
-                    f"token ID {int(ids.max())} is outside key {key.key_id}'s vocabulary "
-                    f"({key.spec.tokenizer.vocab_size}): the IDs come from another tokenizer"
-                )
+            check_vocabulary(ids, key)
             kp = key_pivots(ids, self._sources[key.key_id], start=start, threads=self.threads)
             score = float(-np.log1p(-kp.pivots).sum())
             per_key.append((key, kp, score, log_gamma_sf(len(kp.pivots), score)))
 
-        adjusted = holm_adjust([lp for *_, lp in per_key])
+        enough = [len(kp.pivots) >= k.spec.min_scored_tokens for k, kp, *_ in per_key]
+        verdict, best, adjusted = choose_verdict([lp for *_, lp in per_key], enough, alpha)
         results = tuple(
             KeyResult(key_id=k.key_id, n_scored=len(kp.pivots), score=s, log_p=lp, adjusted_log_p=adj)
             for (k, kp, s, lp), adj in zip(per_key, adjusted, strict=True)
         )
-        enough = [len(kp.pivots) >= k.spec.min_scored_tokens for k, kp, *_ in per_key]
-        order = sorted(range(len(per_key)), key=lambda i: adjusted[i])
-        detected = [i for i in order if enough[i] and adjusted[i] <= math.log(alpha)]
-        verdict: Verdict
-        if detected:
-            verdict, best = "watermarked", detected[0]
-        elif not any(enough):
-            verdict, best = "insufficient_evidence", order[0]
-        else:
-            verdict, best = "not_detected", order[0]
         key, kp, score, _ = per_key[best]
         sha = key.spec.tokenizer.sha256
         ids, offsets = encodings[sha] if sha in encodings else encodings[None]
@@ -253,12 +268,14 @@ def _token_evidence(
     return tuple(out)
 
 
-def _check_alpha(alpha: float) -> None:
+def check_alpha(alpha: float) -> None:
+    """The significance level of a verdict: a number strictly between 0 and 1."""
     if not (isinstance(alpha, float | int) and 0.0 < alpha < 1.0):
         raise InputError(f"alpha must be in (0, 1), got {alpha!r}")
 
 
-def _check_token_ids(token_ids: Sequence[int] | npt.NDArray[np.integer] | None) -> npt.NDArray[np.uint32]:
+def check_token_ids(token_ids: Sequence[int] | npt.NDArray[np.integer] | None) -> npt.NDArray[np.uint32]:
+    """Token IDs given instead of text, as uint32; a clear error for anything else."""
     arr = np.asarray(token_ids)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise InputError("token_ids must be a flat list of integers")

@@ -28,9 +28,18 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special
 
-from wmark.detector.detect import Detector, KeyPivots, holm_adjust, key_pivots
+from wmark.detector.detect import (
+    Detector,
+    KeyPivots,
+    check_alpha,
+    check_token_ids,
+    check_vocabulary,
+    choose_verdict,
+    holm_adjust,
+    key_pivots,
+)
 from wmark.detector.result import Verdict
-from wmark.errors import InputError, InsufficientTextError, TokenizerError, WmarkError
+from wmark.errors import InputError, InsufficientTextError, WmarkError
 from wmark.keymaterial import KeyMaterial
 from wmark.prf import KeyedSource
 from wmark.scoring import log_gamma_sf
@@ -212,7 +221,7 @@ class Localizer:
             InputError: bad alpha or token IDs, or both/neither of text and token_ids.
             TokenizerError: token IDs outside a key's vocabulary, or a tokenizer missing.
         """
-        _check_alpha(alpha)
+        check_alpha(alpha)
         if (text is None) == (token_ids is None):
             raise InputError("give exactly one of text and token_ids")
         if text is not None:
@@ -222,7 +231,7 @@ class Localizer:
                 sha: self.detector.tokenizer(sha).encode(text) for sha in self._shas
             }
         else:
-            ids = {None: _token_ids(token_ids)}
+            ids = {None: check_token_ids(token_ids)}
         return self._localize(ids, text, alpha=alpha, source=source)
 
     def localize_many(
@@ -234,7 +243,7 @@ class Localizer:
         its error in its place instead of stopping the others. Character offsets of the best
         window are computed for watermarked texts only (a second, offset-tracking tokenisation).
         """
-        _check_alpha(alpha)
+        check_alpha(alpha)
         labels = list(sources) if sources is not None else [None] * len(texts)
         batches = {sha: self.detector.tokenizer(sha).encode_batch(texts) for sha in self._shas}
         out: list[Localization | WmarkError] = []
@@ -257,18 +266,9 @@ class Localizer:
         source: str | None,
     ) -> Localization:
         scored = [self._score_key(key, encodings) for key in self.detector.keys]
-        adjusted = holm_adjust([s.log_p for s in scored])
-        whole_adjusted = holm_adjust([s.whole_log_p for s in scored])
         enough = [len(s.pivots.pivots) >= s.key.spec.min_scored_tokens for s in scored]
-        order = sorted(range(len(scored)), key=lambda i: adjusted[i])
-        detected = [i for i in order if enough[i] and adjusted[i] <= math.log(alpha)]
-        verdict: Verdict
-        if detected:
-            verdict, best = "watermarked", detected[0]
-        elif not any(enough):
-            verdict, best = "insufficient_evidence", order[0]
-        else:
-            verdict, best = "not_detected", order[0]
+        verdict, best, adjusted = choose_verdict([s.log_p for s in scored], enough, alpha)
+        whole_adjusted = holm_adjust([s.whole_log_p for s in scored])
         chosen = scored[best]
         ids = _ids_for(encodings, chosen.key)
         window = chosen.window
@@ -303,13 +303,7 @@ class Localizer:
 
     def _score_key(self, key: KeyMaterial, encodings: dict[str | None, npt.NDArray[np.uint32]]) -> _Scored:
         ids = _ids_for(encodings, key)
-        if len(ids) == 0:
-            raise InsufficientTextError("the text has no tokens")
-        if int(ids.max()) >= key.spec.tokenizer.vocab_size:
-            raise TokenizerError(
-                f"token ID {int(ids.max())} is outside key {key.key_id}'s vocabulary "
-                f"({key.spec.tokenizer.vocab_size}): the IDs come from another tokenizer"
-            )
+        check_vocabulary(ids, key)
         kp = key_pivots(ids, self._sources[key.key_id], threads=self.detector.threads)
         token_scores = -np.log1p(-kp.pivots)
         score = float(token_scores.sum())  # summed as `Detector` does, so the p-values agree exactly
@@ -364,19 +358,3 @@ class Localizer:
 def _ids_for(encodings: dict[str | None, npt.NDArray[np.uint32]], key: KeyMaterial) -> npt.NDArray[np.uint32]:
     sha = key.spec.tokenizer.sha256
     return encodings[sha] if sha in encodings else encodings[None]
-
-
-def _check_alpha(alpha: float) -> None:
-    if not (isinstance(alpha, float | int) and 0.0 < alpha < 1.0):
-        raise InputError(f"alpha must be in (0, 1), got {alpha!r}")
-
-
-def _token_ids(token_ids: Sequence[int] | npt.NDArray[np.integer] | None) -> npt.NDArray[np.uint32]:
-    arr = np.asarray(token_ids)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise InputError("token_ids must be a flat list of integers")
-    if arr.size == 0:
-        raise InsufficientTextError("token_ids is empty")
-    if arr.min() < 0 or arr.max() > 0xFFFFFFFF:
-        raise InputError("token IDs must be between 0 and 2^32 - 1")
-    return arr.astype(np.uint32)
