@@ -21,11 +21,12 @@ from wmark.generator.backend import LanguageModel
 from wmark.generator.baselines.gls import gls_block
 from wmark.generator.baselines.pseudo import mse_pseudo_block
 from wmark.generator.baselines.reweight import mse_block, mws_block, vsps_block
+from wmark.generator.blocks import Block, BlockInputs
 from wmark.generator.clocks import ClockKind, ClockPolicy
 from wmark.generator.logits import LogitsConfig
 from wmark.generator.names import METHOD_NAMES
 from wmark.generator.result import GenerationResult, Timings
-from wmark.generator.speculative import Block, BlockInputs, autoregressive_block, tree_block
+from wmark.generator.speculative import autoregressive_block, tree_block
 from wmark.keymaterial import KeyMaterial
 
 __all__ = ["METHODS", "SamplerConfig", "generate", "request_nonce"]

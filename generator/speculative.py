@@ -19,54 +19,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
-
-from wmark.generator.backend import Session
-from wmark.generator.clocks import ClockKind, ClockPolicy, PathState
-from wmark.generator.logits import LogitsConfig, Support, supports
+from wmark.generator.blocks import Block, BlockInputs, Emission
+from wmark.generator.clocks import ClockPolicy, PathState
+from wmark.generator.draft_tree import DraftTree, Expand, commit, grow, verify
+from wmark.generator.logits import Support, supports
 from wmark.race import mpfr_draws, race_winner
 
-__all__ = ["Block", "BlockInputs", "Emission", "autoregressive_block", "tree_block"]
-
-
-@dataclass(frozen=True)
-class Emission:
-    """One emitted token with its clock kind and its probability under the target."""
-
-    token: int
-    kind: ClockKind
-    prob: float
-
-
-@dataclass
-class Block:
-    """What one target forward pass produced."""
-
-    emitted: list[Emission] = field(default_factory=list)
-    drafted: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class BlockInputs:
-    """Everything a block needs: sessions, committed text, clocks and settings.
-
-    `lookahead` is the tree depth L for this block (already capped by the remaining budget).
-    """
-
-    target: Session
-    drafter: Session | None
-    committed: Sequence[int]
-    remaining: int
-    policy: ClockPolicy
-    target_logits: LogitsConfig
-    draft_logits: LogitsConfig
-    eos: frozenset[int]
-    lookahead: int = 1
-    drafts: int = 1
+__all__ = ["autoregressive_block", "tree_block"]
 
 
 def _race(policy: ClockPolicy, prefix: Sequence[int], path: PathState | None, dist: Support) -> Emission:
@@ -86,86 +47,37 @@ def autoregressive_block(inp: BlockInputs) -> Block:
     return Block([emission], verify_seconds=verify)
 
 
-@dataclass
-class _Node:
-    token: int
-    parent: int  # -1: child of the root
-    depth: int
-    nu: int  # draws to make at the context right after this node
-    path: PathState  # the drafter's view of the clock state after this node
-    draft_id: int = -1  # id in the drafter session once fed to it
-    children: dict[int, int] = field(default_factory=dict)
+@dataclass(frozen=True)
+class _Draws:
+    """Per tree node: the draws to make at the context right after it, and the drafter's view
+    of the clock state there."""
+
+    nu: int
+    path: PathState
 
 
-class _Tree:
-    """The draft tree of one block; node indices are also the target session's node ids."""
+def _expand(inp: BlockInputs, tree: DraftTree[_Draws]) -> Expand[_Draws]:
+    """MPFR children of a context: ν draws on its own clock, identical draws merged (arrival order)."""
 
-    def __init__(self, committed: Sequence[int], drafts: int, root_path: PathState) -> None:
-        self.committed = committed
-        self.nodes: list[_Node] = []
-        self.root = _Node(token=-1, parent=-1, depth=0, nu=drafts, path=root_path)
+    def expand(ctx: int, dist: Support) -> list[tuple[int, _Draws]]:
+        prefix, here = tree.context(ctx), tree.node(ctx).data
+        kind = inp.policy.kind(prefix, here.path)
+        u = inp.policy.uniforms(inp.policy.seed(prefix, kind), dist.ids, here.nu)
+        draws = dist.ids[mpfr_draws(dist.probs, u)].tolist()
+        children = []
+        for token in dict.fromkeys(draws):  # merge identical draws; keep arrival order
+            state = inp.policy.extend_path(prefix, here.path, kind, -math.log2(dist.prob_of(token)))
+            children.append((token, _Draws(draws.count(token), state)))
+        return children
 
-    def node(self, i: int) -> _Node:
-        return self.root if i < 0 else self.nodes[i]
-
-    def context(self, i: int) -> list[int]:
-        tail = []
-        while i >= 0:
-            tail.append(self.nodes[i].token)
-            i = self.nodes[i].parent
-        return [*self.committed, *tail[::-1]]
-
-    def add(self, parent: int, token: int, nu: int, path: PathState) -> None:
-        self.nodes.append(_Node(token, parent, self.node(parent).depth + 1, nu, path))
-        self.node(parent).children[token] = len(self.nodes) - 1
-
-
-def _draft(inp: BlockInputs, tree: _Tree) -> float:
-    """Grow the tree to depth `lookahead`, one batched drafter forward per level; returns seconds."""
-    assert inp.drafter is not None
-    seconds, fed = 0.0, 0
-    level = [-1]  # contexts whose children are drawn next
-    for depth in range(1, inp.lookahead + 1):
-        start = time.perf_counter()
-        if depth == 1:
-            rows, _ = inp.drafter.extend([], [])
-            logits = rows[None]
-        else:  # feed the previous level's tokens to get the draft distributions after them
-            parents = [tree.node(tree.nodes[i].parent).draft_id for i in level]
-            _, logits = inp.drafter.extend(parents, [tree.nodes[i].token for i in level])
-            for offset, i in enumerate(level):
-                tree.nodes[i].draft_id = fed + offset
-            fed += len(level)
-        seconds += time.perf_counter() - start
-        next_level = []
-        for ctx, dist in zip(level, supports(logits, inp.draft_logits), strict=True):
-            prefix, state = tree.context(ctx), tree.node(ctx).path
-            kind = inp.policy.kind(prefix, state)
-            u = inp.policy.uniforms(inp.policy.seed(prefix, kind), dist.ids, tree.node(ctx).nu)
-            draws = dist.ids[mpfr_draws(dist.probs, u)].tolist()
-            for token in dict.fromkeys(draws):  # merge identical draws; keep arrival order
-                child_state = inp.policy.extend_path(prefix, state, kind, -math.log2(dist.prob_of(token)))
-                tree.add(ctx, token, draws.count(token), child_state)
-                if token not in inp.eos:
-                    next_level.append(len(tree.nodes) - 1)
-        level = next_level
-        if not level:
-            break
-    return seconds
+    return expand
 
 
 def tree_block(inp: BlockInputs) -> Block:
     """PFR (drafts = 1) or MPFR (drafts = B): draft a tree, verify it in one target forward, walk it."""
-    tree = _Tree(inp.committed, inp.drafts, inp.policy.root_path())
-    draft_seconds = _draft(inp, tree)
-
-    start = time.perf_counter()
-    parents = [n.parent for n in tree.nodes]
-    root_logits, node_logits = inp.target.extend(parents, [n.token for n in tree.nodes])
-    verify_seconds = time.perf_counter() - start
-
-    rows = torch.cat([root_logits[None], node_logits]) if tree.nodes else root_logits[None]
-    dists = supports(rows, inp.target_logits)  # dists[0]: root, dists[i + 1]: after node i
+    tree = DraftTree(inp.committed, _Draws(inp.drafts, inp.policy.root_path()))
+    draft_seconds = grow(inp, tree, _expand(inp, tree))
+    dists, verify_seconds = verify(inp, tree)
     block = Block(drafted=len(tree.nodes), draft_seconds=draft_seconds, verify_seconds=verify_seconds)
     prefix, state, cur, path = list(inp.committed), inp.policy.root_path(), -1, []
     while True:
@@ -183,10 +95,5 @@ def tree_block(inp: BlockInputs) -> Block:
             bonus = _race(inp.policy, prefix, state, dists[cur + 1])
             block.emitted.append(bonus)
             break
-
-    emitted = [e.token for e in block.emitted]
-    inp.target.accept(path, emitted[len(path) :])
-    fed = [n for n in path if tree.nodes[n].draft_id >= 0]
-    assert inp.drafter is not None
-    inp.drafter.accept([tree.nodes[n].draft_id for n in fed], emitted[len(fed) :])
+    commit(inp, tree, path, [e.token for e in block.emitted])
     return block

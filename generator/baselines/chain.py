@@ -24,9 +24,9 @@ from typing import Protocol
 import torch
 
 from wmark.generator.baselines.streams import Site, site_at
+from wmark.generator.blocks import Block, BlockInputs, Emission
 from wmark.generator.clocks import ClockPolicy
 from wmark.generator.logits import Support, supports
-from wmark.generator.speculative import Block, BlockInputs, Emission
 
 __all__ = ["ChainRule", "Proposal", "chain_block"]
 

@@ -22,17 +22,16 @@ depends on the drafter (only "conditional" drafter invariance).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
+from wmark.generator.blocks import Block, BlockInputs, Emission
 from wmark.generator.clocks import ClockPolicy
-from wmark.generator.logits import Support, supports
-from wmark.generator.speculative import Block, BlockInputs, Emission
+from wmark.generator.draft_tree import DraftTree, Expand, commit, grow, verify
+from wmark.generator.logits import Support
 from wmark.prf import seed_uniforms
 from wmark.race import race_winner
 
@@ -74,88 +73,34 @@ def list_uniforms(
     return seed_uniforms(seed, ids[None, :], np.asarray(drafts)[:, None])
 
 
-@dataclass
-class _Node:
-    token: int
-    parent: int  # -1: child of the root
-    depth: int
-    drafts: tuple[int, ...]  # the drafts whose chain passes through this node
-    draft_id: int = -1  # id in the drafter session once fed to it
-    children: dict[int, int] = field(default_factory=dict)
+def _expand(inp: BlockInputs, trie: DraftTree[tuple[int, ...]]) -> Expand[tuple[int, ...]]:
+    """Each draft through a context extends its own chain; drafts that agree share the child.
 
+    A node's data is the tuple of drafts (1-based) whose chain passes through it.
+    """
 
-class _Trie:
-    """The B draft chains merged on common prefixes; node indices are the target's node ids."""
+    def expand(ctx: int, q: Support) -> list[tuple[int, tuple[int, ...]]]:
+        drafts = trie.node(ctx).data
+        u = list_uniforms(inp.policy, len(trie.context(ctx)), drafts, q.ids)
+        tokens = [int(q.ids[race_winner(q.probs, row)]) for row in u]
+        return [  # one child per distinct token, in draft order
+            (token, tuple(b for b, t in zip(drafts, tokens, strict=True) if t == token))
+            for token in dict.fromkeys(tokens)
+        ]
 
-    def __init__(self, committed: Sequence[int], drafts: int) -> None:
-        self.committed = committed
-        self.nodes: list[_Node] = []
-        self.root = _Node(-1, -1, 0, tuple(range(1, drafts + 1)))
-
-    def node(self, i: int) -> _Node:
-        return self.root if i < 0 else self.nodes[i]
-
-    def context(self, i: int) -> list[int]:
-        tail = []
-        while i >= 0:
-            tail.append(self.nodes[i].token)
-            i = self.nodes[i].parent
-        return [*self.committed, *tail[::-1]]
-
-    def add(self, parent: int, token: int, drafts: tuple[int, ...]) -> int:
-        self.nodes.append(_Node(token, parent, self.node(parent).depth + 1, drafts))
-        self.node(parent).children[token] = len(self.nodes) - 1
-        return len(self.nodes) - 1
-
-
-def _draft(inp: BlockInputs, trie: _Trie) -> float:
-    """Grow the B chains to depth `lookahead`, one batched drafter forward per depth."""
-    assert inp.drafter is not None
-    seconds, fed, level = 0.0, 0, [-1]
-    for depth in range(1, inp.lookahead + 1):
-        start = time.perf_counter()
-        if depth == 1:
-            root, _ = inp.drafter.extend([], [])
-            logits = root[None]
-        else:
-            parents = [trie.node(trie.nodes[i].parent).draft_id for i in level]
-            _, logits = inp.drafter.extend(parents, [trie.nodes[i].token for i in level])
-            for offset, i in enumerate(level):
-                trie.nodes[i].draft_id = fed + offset
-            fed += len(level)
-        seconds += time.perf_counter() - start
-        next_level = []
-        for ctx, q in zip(level, supports(logits, inp.draft_logits), strict=True):
-            node = trie.node(ctx)
-            u = list_uniforms(inp.policy, len(trie.context(ctx)), node.drafts, q.ids)
-            tokens = [int(q.ids[race_winner(q.probs, row)]) for row in u]
-            for token in dict.fromkeys(tokens):  # one child per distinct token, in draft order
-                holders = tuple(b for b, t in zip(node.drafts, tokens, strict=True) if t == token)
-                child = trie.add(ctx, token, holders)
-                if token not in inp.eos:
-                    next_level.append(child)
-        level = next_level
-        if not level:
-            break
-    return seconds
+    return expand
 
 
 def list_sampling_block(inp: BlockInputs, *, at_stop: StopRule = emit_winner) -> Block:
     """One block of list sampling with B = `inp.drafts` chains; `at_stop` picks the stopping token."""
-    trie = _Trie(inp.committed, inp.drafts)
-    draft_seconds = _draft(inp, trie)
-
-    start = time.perf_counter()
-    root, nodes = inp.target.extend([n.parent for n in trie.nodes], [n.token for n in trie.nodes])
-    verify_seconds = time.perf_counter() - start
-    rows = torch.cat([root[None], nodes]) if trie.nodes else root[None]
-    dists = supports(rows, inp.target_logits)  # dists[0]: root, dists[i + 1]: after node i
-
+    trie: DraftTree[tuple[int, ...]] = DraftTree(inp.committed, tuple(range(1, inp.drafts + 1)))
+    draft_seconds = grow(inp, trie, _expand(inp, trie))
+    dists, verify_seconds = verify(inp, trie)
     block = Block(drafted=len(trie.nodes), draft_seconds=draft_seconds, verify_seconds=verify_seconds)
     prefix, cur, path = list(inp.committed), -1, []
     while True:
         node, p = trie.node(cur), dists[cur + 1]
-        active = np.max(list_uniforms(inp.policy, len(prefix), node.drafts, p.ids), axis=0)
+        active = np.max(list_uniforms(inp.policy, len(prefix), node.data, p.ids), axis=0)
         token = int(p.ids[race_winner(p.probs, active)])  # min_b E[p, b, v] = -ln max_b U[p, b, v]
         child = node.children.get(token)
         if child is None and node.depth < inp.lookahead:
@@ -167,11 +112,7 @@ def list_sampling_block(inp: BlockInputs, *, at_stop: StopRule = emit_winner) ->
         cur = child
         path.append(child)
 
-    emitted = [e.token for e in block.emitted]
-    inp.target.accept(path, emitted[len(path) :])
-    fed = [n for n in path if trie.nodes[n].draft_id >= 0]
-    assert inp.drafter is not None
-    inp.drafter.accept([trie.nodes[n].draft_id for n in fed], emitted[len(fed) :])
+    commit(inp, trie, path, [e.token for e in block.emitted])
     return block
 
 
