@@ -118,11 +118,14 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_output(st
 
 def test_ctrl_c_leaves_a_resumable_output(store, tmp_path):
     expected, _ = _reference(store, tmp_path / "reference.jsonl")
-    out = tmp_path / "out.jsonl"
-    proc = _start(_command(store, out, workers=1))
-    assert _wait_for_progress(proc, out, 0, time.monotonic() + 120), "the scan committed nothing"
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    for attempt in range(3):  # a starved test process may send the signal after a whole scan
+        out = tmp_path / f"out{attempt}.jsonl"
+        proc = _start(_command(store, out, workers=1))
+        assert _wait_for_progress(proc, out, 0, time.monotonic() + 120), "the scan committed nothing"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        if proc.returncode != 0 or _committed(out) < N_FILES * PER_FILE:
+            break
     assert proc.returncode == 130, stderr.decode()
     assert "--resume" in stderr.decode()
     committed = _committed(out)
