@@ -216,14 +216,27 @@ def _key_pivots(row: Row, source: KeyedSource) -> npt.NDArray[np.float64]:
 def ablation_groups(
     rows: Iterable[Row],
 ) -> dict[tuple[str, int | None, int], dict[tuple[str, float], list[Row]]]:
-    """Speculative rows by (method, L, B), then by drafter condition (drafter, temperature)."""
+    """Speculative rows by (method, L, B), then by drafter condition (drafter, temperature).
+
+    Each group keeps only the (prompt, seed) pairs that every one of its conditions ran, so that
+    AATPS, TPR and text drift compare drafters on the same texts (a default-drafter run over
+    more prompts than the ablation would otherwise show a "drift" that is only prompt choice).
+    """
     out: dict[tuple[str, int | None, int], dict[tuple[str, float], list[Row]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for r in rows:
         if r["drafter"] is not None:
             out[(r["method"], r["lookahead"], r["drafts"])][(r["drafter"], r["draft_temperature"])].append(r)
-    return {k: dict(v) for k, v in out.items() if len(v) > 1}
+    groups = {}
+    for setting, conditions in out.items():
+        if len(conditions) < 2:
+            continue
+        common = set.intersection(*({(r["prompt_key"], r["seed"]) for r in v} for v in conditions.values()))
+        groups[setting] = {
+            cond: [r for r in v if (r["prompt_key"], r["seed"]) in common] for cond, v in conditions.items()
+        }
+    return groups
 
 
 def text_drift(default: Sequence[Row], other: Sequence[Row]) -> tuple[int, int, float]:

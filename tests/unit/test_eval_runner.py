@@ -16,6 +16,7 @@ import pytest
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.errors import InputError
+from wmark.generator.eval.aggregate import ablation_groups
 from wmark.generator.eval.prompts import Prompt
 from wmark.generator.eval.runner import (
     EvalModels,
@@ -182,3 +183,27 @@ def test_run_info_pins_run_level_settings(tmp_path: Path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(InputError, match="not a wmark eval run"):
         RunInfo.load(tmp_path / "bad.json")
+
+
+def test_drafter_ablation_compares_conditions_on_the_same_texts():
+    def row(prompt: str, drafter: str | None, temperature: float | None) -> dict[str, object]:
+        return {
+            "method": "pfr",
+            "lookahead": 4,
+            "drafts": 1,
+            "drafter": drafter,
+            "draft_temperature": temperature,
+            "prompt_key": prompt,
+            "seed": 0,
+        }
+
+    rows = [row(p, "embedded", 1.0) for p in "abcde"]  # the default drafter ran 5 prompts
+    rows += [row(p, "embedded", 0.5) for p in "abc"]  # the ablation 3 of them
+    rows += [row(p, "target", 1.0) for p in "bcd"]
+    rows += [row(p, None, None) for p in "abcde"]  # basic-uwm: no drafter, not in the ablation
+    groups = ablation_groups(rows)
+    assert list(groups) == [("pfr", 4, 1)]
+    conditions = groups[("pfr", 4, 1)]
+    assert set(conditions) == {("embedded", 1.0), ("embedded", 0.5), ("target", 1.0)}
+    for kept in conditions.values():
+        assert sorted(r["prompt_key"] for r in kept) == ["b", "c"]
