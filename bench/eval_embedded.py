@@ -8,6 +8,8 @@ All stages write into one folder (bench/out/eval-embedded, resumable: rerun to c
 - frontier: the single-draft methods at L = 1 and 2 as well (the frontier plot's other points);
 - drafters: pfr, mpfr (B=4), mse, mse-pseudo at L=4 with the drafter substituted: the embedded
   drafter at temperature 0.5 and 1.5, and the target itself drafting (Figure 2b's D0-D3).
+- power: 5 prompts of each set instead of --limit for basic-uwm, pfr, mse, pfr-nowm and vsps
+  (L=4), and pfr and mse at L=1 and 2: the paired ANLPPT checks and the FPR check need more texts.
 
 Then summary.md and the plots are rebuilt from every row and copied to bench/results/eval/, and
 bench/eval_checks.py prints the acceptance checks. The size (prompts, tokens) is set by --limit and
@@ -39,6 +41,10 @@ STAGES = {
             "0.5,1.5",
         ],
         ["--methods", "pfr,mpfr,mse,mse-pseudo", "--lookahead", "4", "--drafts", "4", "--drafter", "target"],
+    ],
+    "power": [  # more prompts where the checks compare small per-text differences (the last --limit wins)
+        ["--limit", "5", "--methods", "basic-uwm,pfr,mse,pfr-nowm,vsps", "--lookahead", "4"],
+        ["--limit", "5", "--methods", "pfr,mse", "--lookahead", "1,2"],
     ],
 }
 
