@@ -7,6 +7,7 @@ import os
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from wmark.cli.common import console, err_console, open_registry, print_json
@@ -59,7 +60,7 @@ def verify(
         )
     else:
         err_console.print(
-            f"[bold red]audit log tampered[/]: row {report.first_bad_seq}: {report.reason} "
+            f"[bold red]audit log tampered[/]: row {report.first_bad_seq}: {escape(report.reason or '')} "
             f"({report.rows} rows verified before it)",
             highlight=False,
         )

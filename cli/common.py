@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from wmark.errors import WmarkError
@@ -58,6 +59,9 @@ def print_json(data: Any) -> None:
 
 
 def fail(message: str) -> typer.Exit:
-    """Print a one-line error and return the exit to raise (code 2)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print a one-line error and return the exit to raise (code 2).
+
+    The message is printed as plain text: a path or an extra such as `wmark[models]` is not markup.
+    """
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -297,7 +298,8 @@ def _run(
                 progress.advance(overall)
     except KeyboardInterrupt:
         err_console.print(
-            f"interrupted: {len(new)} new rows saved in {results.path}; rerun the command to resume"
+            f"interrupted: {len(new)} new rows saved in {escape(str(results.path))}; "
+            "rerun the command to resume"
         )
         raise typer.Exit(130) from None
     return new
@@ -315,5 +317,6 @@ def _write_outputs(rows: list[dict[str, Any]], info: RunInfo, out: Path, plots: 
 
         written += write_plots(rows, info, out)
     err_console.print(
-        f"{len(rows)} rows in {out / 'results.jsonl'}; wrote " + ", ".join(p.name for p in written)
+        f"{len(rows)} rows in {escape(str(out / 'results.jsonl'))}; wrote "
+        + ", ".join(p.name for p in written)
     )

@@ -11,6 +11,7 @@ from types import FrameType
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     Progress,
@@ -173,7 +174,8 @@ def scan(
                     summary = job.run(on_progress)
     except KeyboardInterrupt:
         err_console.print(
-            f"[yellow]interrupted:[/] finished documents are saved in {out}; continue with --resume",
+            f"[yellow]interrupted:[/] finished documents are saved in {escape(str(out))}; "
+            "continue with --resume",
             highlight=False,
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -86,6 +86,7 @@ def test_detect_files_stdin_and_json(tokenizer_file, tmp_path, planted):
     "setup,args,message",
     [
         (None, ["detect", "{tmp}/missing.txt"], "no such file"),
+        (None, ["detect", "{tmp}/[draft]/missing.txt"], "[draft]/missing.txt"),  # printed, not markup
         ("bad", ["detect", "{tmp}/bad.txt"], "not UTF-8"),
         ("empty", ["detect", "{tmp}/empty.txt"], "empty"),
         ("ok", ["detect", "--key", "wk_unknown", "{tmp}/ok.txt"], "no key with id"),
