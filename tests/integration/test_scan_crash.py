@@ -25,7 +25,9 @@ from wmark.cli.main import app
 from wmark.keys import KeyRegistry, RegistryConfig
 
 N_FILES, PER_FILE = 10, 520  # 5,200 documents
-WORDS = 400  # long enough that scanning outlasts the kills: each killed run commits about a second
+# Long enough that a scan spans many commits (one per second at most) even on two free cores:
+# about 10 s for the uninterrupted scan there, so every kill can land mid-scan.
+WORDS = 800
 KILLS = 6
 
 
@@ -100,8 +102,9 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_output(st
     for k in range(KILLS):
         before = _committed(out)
         proc = _start(_command(store, out))
-        if k % 3 == 0:  # any moment from the start: start-up, listing, scanning, committing
-            time.sleep(rng.uniform(0.0, min(wall, 5.0)))
+        if k % 3 == 0:  # any moment from the start (start-up, listing, scanning, committing) while
+            # the run still has at least half of its remaining work ahead of it
+            time.sleep(rng.uniform(0.0, min(wall, 5.0) * (n - before) / n / 2))
         elif _wait_for_progress(proc, out, before, time.monotonic() + 120):  # while rows flow
             time.sleep(rng.uniform(0.0, 0.6))
         if proc.poll() is not None:
