@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
@@ -29,23 +30,23 @@ if TYPE_CHECKING:  # torch, transformers and matplotlib load only when the comma
     from wmark.generator.loading import ModelPair
 
 EVAL_KEY_TAG = b"wmark.eval-key.v1"
+N = TypeVar("N", int, float)
 
 
 def _ints(option: str, text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"{option}: expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise InputError(f"{option}: give at least one value")
-    return values
+    return _numbers(option, text, int, "integers")
 
 
 def _floats(option: str, text: str) -> list[float]:
+    return _numbers(option, text, float, "numbers")
+
+
+def _numbers(option: str, text: str, kind: Callable[[str], N], what: str) -> list[N]:
+    """A comma-separated option value; a one-line InputError for anything else."""
     try:
-        values = [float(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise InputError(f"{option}: expected comma-separated numbers, got {text!r}") from None
+        raise InputError(f"{option}: expected comma-separated {what}, got {text!r}") from None
     if not values:
         raise InputError(f"{option}: give at least one value")
     return values
