@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,9 +151,15 @@ def convert_linears(model: nn.Module, kind: str, int8_cache: Path | None = None)
         setattr(parent, child, replacement)
     if fresh and int8_cache is not None:
         int8_cache.parent.mkdir(parents=True, exist_ok=True)
-        partial = int8_cache.with_suffix(".partial")
-        safetensors.torch.save_file({**cached, **fresh}, str(partial))
-        os.replace(partial, int8_cache)  # readers never see half a file
+        # A file of this process's own: two loads at once must not write into one partial file.
+        fd, partial = tempfile.mkstemp(dir=int8_cache.parent, prefix=f".{int8_cache.name}.")
+        os.close(fd)
+        try:
+            safetensors.torch.save_file({**cached, **fresh}, partial)
+            os.replace(partial, int8_cache)  # readers never see half a file
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
     return len(targets)
 
 

@@ -148,7 +148,7 @@ def test_generator_mask_equals_the_detector_mask_from_the_final_text():
 def test_int8_weights_are_cached_between_loads(tmp_path, tiny_qwen):
     cache = tmp_path / "int8.safetensors"
     first = HFModel(prepare_model(tiny_qwen(0), "int8", "cpu", int8_cache=cache), frozenset({EOS}))
-    assert cache.is_file()
+    assert [f.name for f in tmp_path.iterdir()] == [cache.name]  # no partial file left behind
     stamp = cache.stat().st_mtime_ns
     second = HFModel(prepare_model(tiny_qwen(0), "int8", "cpu", int8_cache=cache), frozenset({EOS}))
     assert cache.stat().st_mtime_ns == stamp  # read, not rewritten
