@@ -13,7 +13,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY core core
 COPY detector detector
+COPY scan scan
 COPY generator generator
+COPY eval eval
 COPY keys keys
 COPY api api
 COPY cli cli

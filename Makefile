@@ -22,7 +22,7 @@ dev: $(STAMP)  ## install everything into .venv (rerun after adding a module)
 	$(PIP) install -q -e . --no-deps --config-settings editable_mode=strict
 
 check: dev  ## ruff, mypy --strict, import contracts
-	$(VENV)/bin/ruff check core detector generator keys api cli tests bench
+	$(VENV)/bin/ruff check core detector scan generator eval keys api cli tests bench
 	$(VENV)/bin/mypy -p wmark
 	$(VENV)/bin/lint-imports
 

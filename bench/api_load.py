@@ -36,7 +36,7 @@ import httpx  # readiness polling only
 from sqlalchemy import create_engine, text
 
 from wmark.detector import Detector, TextTokenizer
-from wmark.detector.corpus import system_corpus
+from wmark.eval.corpus import system_corpus
 from wmark.keys import KeyRegistry, RegistryConfig
 
 ROOT = Path(__file__).resolve().parents[1]

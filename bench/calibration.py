@@ -3,7 +3,7 @@
     WMARK_MODEL_CACHE=... .venv/bin/python bench/calibration.py [--docs 2000] [--keys 40]
 
 For each of K seeded keys, counts the documents with p < 0.01 among N human-written documents
-(standard-library code, licences, package docs, changelogs; `wmark.detector.corpus`), with and
+(standard-library code, licences, package docs, changelogs; `wmark.eval.corpus`), with and
 without dropping near-copies across documents. Under H0 each count is Binomial(N, 0.01) *if the
 documents are independent*; the table shows the mean, the variance against the binomial
 variance, how many keys fall outside the 99% binomial interval, and the smallest p-value seen.
@@ -19,7 +19,7 @@ from scipy import stats
 
 from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import Detector, TextTokenizer
-from wmark.detector.corpus import system_corpus
+from wmark.eval.corpus import system_corpus
 from wmark.generator.embedded import embedded_tokenizer_json
 
 

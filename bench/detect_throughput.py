@@ -25,7 +25,7 @@ import numpy as np
 from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark import prf as prf_mod
 from wmark.detector import Detector, TextTokenizer
-from wmark.detector.corpus import system_corpus
+from wmark.eval.corpus import system_corpus
 from wmark.generator.embedded import embedded_tokenizer_json
 
 

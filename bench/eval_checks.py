@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from wmark.generator.eval.aggregate import ALPHA, calibration_other_keys, is_default, tpr
-from wmark.generator.eval.metrics import binomial_interval, log_p_at, standard_error
-from wmark.generator.eval.runner import ResultsFile, RunInfo
+from wmark.eval.aggregate import ALPHA, calibration_other_keys, is_default, tpr
+from wmark.eval.metrics import binomial_interval, log_p_at, standard_error
+from wmark.eval.runner import ResultsFile, RunInfo
 from wmark.spec import WatermarkSpec
 
 

@@ -36,10 +36,10 @@ from pathlib import Path
 
 from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import Detector, TextTokenizer
-from wmark.detector.corpus import system_corpus
 from wmark.detector.localize import Localizer
-from wmark.detector.scan import ScanProgress, scan
-from wmark.detector.sources import SourceOptions
+from wmark.eval.corpus import system_corpus
+from wmark.scan.scan import ScanProgress, scan
+from wmark.scan.sources import SourceOptions
 
 
 def _tree_cpu() -> dict[int, float]:

@@ -26,7 +26,7 @@ from wmark.keymaterial import KeyMaterial
 from wmark.secret import Secret
 
 if TYPE_CHECKING:  # torch, transformers and matplotlib load only when the command runs
-    from wmark.generator.eval.runner import EvalModels, Job, ResultsFile, RunInfo
+    from wmark.eval.runner import EvalModels, Job, ResultsFile, RunInfo
     from wmark.generator.loading import ModelPair
 
 EVAL_KEY_TAG = b"wmark.eval-key.v1"
@@ -128,8 +128,8 @@ def eval_cmd(
       wmark eval --out runs/drafters --methods pfr,mpfr,mse,mse-pseudo --lookahead 4 --drafts 4 \\
           --drafter embedded,target --draft-temperature 1,0.5,1.5
     """
-    from wmark.generator.eval.prompts import load_prompt_set
-    from wmark.generator.eval.runner import ResultsFile, RunInfo, expand_settings, plan_jobs
+    from wmark.eval.prompts import load_prompt_set
+    from wmark.eval.runner import ResultsFile, RunInfo, expand_settings, plan_jobs
 
     lookaheads = _ints("--lookahead", lookahead)
     temperatures = _floats("--draft-temperature", draft_temperature) if draft_temperature else [temperature]
@@ -211,8 +211,8 @@ def _generate(
     secret: Secret | None,
 ) -> tuple[RunInfo, list[dict[str, Any]]]:
     """Load the models and run the pending jobs; a new folder gets its run.json here."""
-    from wmark.generator.eval.models import load_models
-    from wmark.generator.eval.runner import lppl_key
+    from wmark.eval.models import load_models
+    from wmark.eval.runner import lppl_key
 
     with err_console.status("loading models") as status:
         models, pair = load_models(
@@ -238,7 +238,7 @@ def _resume_info(info: RunInfo, run_json: Path) -> RunInfo:
     A folder keeps its first run's default drafter condition, key fingerprint and spec; later
     runs may add methods, settings, drafters, prompts and seeds.
     """
-    from wmark.generator.eval.runner import RunInfo
+    from wmark.eval.runner import RunInfo
 
     if not run_json.exists():
         return info
@@ -267,7 +267,7 @@ def _run(
     pending: list[Job], models: EvalModels, material: KeyMaterial, info: RunInfo, results: ResultsFile
 ) -> list[dict[str, Any]]:
     """Generate the pending rows with a progress bar, appending each as soon as it is done."""
-    from wmark.generator.eval.runner import run_job
+    from wmark.eval.runner import run_job
 
     new: list[dict[str, Any]] = []
     progress = Progress(
@@ -307,14 +307,14 @@ def _run(
 
 
 def _write_outputs(rows: list[dict[str, Any]], info: RunInfo, out: Path, plots: bool) -> None:
-    from wmark.generator.eval.summary import render_summary
+    from wmark.eval.summary import render_summary
     from wmark.spec import WatermarkSpec
 
     summary = out / "summary.md"
     summary.write_text(render_summary(rows, info, WatermarkSpec.from_json(info.spec)))
     written = [summary]
     if plots:
-        from wmark.generator.eval.plots import write_plots
+        from wmark.eval.plots import write_plots
 
         written += write_plots(rows, info, out)
     err_console.print(

@@ -25,10 +25,10 @@ from rich.table import Table
 
 from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, err_console, open_registry, print_json
-from wmark.detector.rows import ScanSummary
-from wmark.detector.scan import ScanProgress, prepare_scan
-from wmark.detector.sources import SourceOptions
 from wmark.keys.audit import AuditEntry
+from wmark.scan.rows import ScanSummary
+from wmark.scan.scan import ScanProgress, prepare_scan
+from wmark.scan.sources import SourceOptions
 
 EXIT_INTERRUPTED = 130
 

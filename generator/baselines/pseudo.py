@@ -16,7 +16,7 @@ scored, and keying it again would reuse k2's randomness at a window already used
 prefix is unkeyed by design. r uses a counter of its own, so it is independent of the
 residual's uniforms (He et al.'s code reads both from the same draw).
 
-Detection (`wmark.generator.eval.detection`) mixes the two pivots: U2(y) where r > tau (a rejection
+Detection (`wmark.eval.detection`) mixes the two pivots: U2(y) where r > tau (a rejection
 was likely, the token is k2's residual winner), else U1(y).
 """
 

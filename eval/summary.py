@@ -18,8 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wmark.generator.engine import METHODS
-from wmark.generator.eval.aggregate import (
+from wmark.eval.aggregate import (
     ALPHA,
     EVAL_TOKENS,
     GroupStats,
@@ -35,9 +34,10 @@ from wmark.generator.eval.aggregate import (
     text_drift,
     tpr,
 )
-from wmark.generator.eval.detection import DEFAULT_TAU
-from wmark.generator.eval.metrics import binomial_interval, standard_error
-from wmark.generator.eval.runner import RunInfo
+from wmark.eval.detection import DEFAULT_TAU
+from wmark.eval.metrics import binomial_interval, standard_error
+from wmark.eval.runner import RunInfo
+from wmark.generator.engine import METHODS
 from wmark.scoring import ScoreName
 from wmark.spec import WatermarkSpec
 

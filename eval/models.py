@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from tokenizers import Tokenizer
 
 from wmark.errors import BackendError, InputError
+from wmark.eval.prompts import Prompt
+from wmark.eval.runner import EvalModels
 from wmark.generator.backend import LanguageModel
-from wmark.generator.eval.prompts import Prompt
-from wmark.generator.eval.runner import EvalModels
 from wmark.generator.hf_backend import HFModel
 from wmark.generator.loading import ModelPair, load_pair
 

@@ -1,4 +1,4 @@
-"""Scans end to end through `wmark.detector.scan`: every output format, in-process, a local
+"""Scans end to end through `wmark.scan.scan`: every output format, in-process, a local
 process pool and a real Dask LocalCluster, resume and its refusals, worker failures, SQL tables.
 
 Keys have fixed secrets; watermarked documents carry a real (planted) keyed-race watermark, human
@@ -22,12 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import create_engine, text
 
-from wmark.detector.journal import Journal
-from wmark.detector.rows import COLUMNS, ScanRow
-from wmark.detector.scan import run_scan, scan
-from wmark.detector.sources import Document, SourceOptions
-from wmark.detector.workers import Batch, WorkerConfig, detect_batch
 from wmark.errors import InputError
+from wmark.scan.journal import Journal
+from wmark.scan.rows import COLUMNS, ScanRow
+from wmark.scan.scan import run_scan, scan
+from wmark.scan.sources import Document, SourceOptions
+from wmark.scan.workers import Batch, WorkerConfig, detect_batch
 
 ALPHA = 1e-4
 OPTIONS = SourceOptions(field="text", column="text")
@@ -408,7 +408,7 @@ def test_scan_rows_carry_window_fields(word_key, word_tokenizer_json, planted):
 def test_an_unreachable_dask_scheduler_is_an_input_error_and_leaves_no_output(
     word_key, word_tokenizer_json, tmp_path
 ):
-    from wmark.detector.workers import DaskExecutor
+    from wmark.scan.workers import DaskExecutor
 
     config = WorkerConfig(
         keys=(word_key,),

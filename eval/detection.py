@@ -27,9 +27,9 @@ import numpy as np
 import numpy.typing as npt
 
 from wmark.contexts import scored_positions
+from wmark.eval.metrics import log_p_at
 from wmark.generator.baselines.pseudo import second_key
 from wmark.generator.baselines.streams import ACCEPT_TOKEN
-from wmark.generator.eval.metrics import log_p_at
 from wmark.prf import KeyedSource
 
 __all__ = [

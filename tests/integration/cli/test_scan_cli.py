@@ -230,7 +230,7 @@ def test_help_explains_sources_windows_and_resume():
 def test_heavy_scan_dependencies_are_imported_lazily():
     code = (
         "import sys\n"
-        "import wmark.detector, wmark.detector.scan, wmark.cli.main\n"
+        "import wmark.detector, wmark.scan.scan, wmark.cli.main\n"
         "heavy = [m for m in ('fsspec', 'pyarrow', 'dask', 'distributed') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

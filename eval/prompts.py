@@ -165,7 +165,7 @@ def load_prompt_set(spec: str, *, limit: int | None = None) -> PromptSet:
     if spec in BUILTIN_SETS:
         prompts: list[Prompt] = []
         for part in BUILTIN_SETS[spec]:
-            text = resources.files("wmark.generator").joinpath(f"prompts/{part}.jsonl").read_text("utf-8")
+            text = resources.files("wmark.eval").joinpath(f"prompt_sets/{part}.jsonl").read_text("utf-8")
             prompts += parse_prompts(text, f"{part}.jsonl")[:limit]
         return PromptSet(spec, tuple(prompts))
     kind, _, location = spec.partition(":")

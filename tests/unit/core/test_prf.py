@@ -26,7 +26,7 @@ from wmark.prf import (
     window_pivots_reference,
 )
 
-VECTORS = json.loads((Path(__file__).parents[1] / "vectors" / "prf_v1.json").read_text())
+VECTORS = json.loads((Path(__file__).parents[2] / "vectors" / "prf_v1.json").read_text())
 
 # Random123 tests/kat_vectors, the three philox4x32-10 lines: counter, key -> output.
 PHILOX_KAT = [

@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from wmark.detector.rows import COLUMNS, ScanRow, ScanSummary, Tally
 from wmark.errors import InputError
+from wmark.scan.rows import COLUMNS, ScanRow, ScanSummary, Tally
 
 try:  # POSIX; elsewhere two scans on one output are not prevented
     import fcntl

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wmark.detector.journal import Journal, output_format
 from wmark.detector.localize import DEFAULT_MIN_WINDOW
-from wmark.detector.rows import ScanRow, ScanSummary
-from wmark.detector.sources import Document, FileSource, SourceOptions, SqlSource
-from wmark.detector.workers import (
+from wmark.errors import InputError, TokenizerError
+from wmark.keymaterial import KeyMaterial
+from wmark.scan.journal import Journal, output_format
+from wmark.scan.rows import ScanRow, ScanSummary
+from wmark.scan.sources import Document, FileSource, SourceOptions, SqlSource
+from wmark.scan.workers import (
     Batch,
     DaskExecutor,
     Executor,
@@ -31,8 +33,6 @@ from wmark.detector.workers import (
     PoolExecutor,
     WorkerConfig,
 )
-from wmark.errors import InputError, TokenizerError
-from wmark.keymaterial import KeyMaterial
 
 __all__ = ["ScanJob", "ScanProgress", "prepare_scan", "run_scan", "scan"]
 

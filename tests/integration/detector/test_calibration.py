@@ -16,7 +16,7 @@ from scipy import stats
 
 from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import Detector, TextTokenizer
-from wmark.detector.corpus import system_corpus
+from wmark.eval.corpus import system_corpus
 
 N_DOCS = 2000
 

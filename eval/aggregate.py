@@ -1,6 +1,6 @@
 """From rows to figures: per-setting statistics, TPR curves, H0 calibration, drafter ablation.
 
-Rows are the dicts of results.jsonl (`wmark.generator.eval.runner.run_job`). A *setting* is
+Rows are the dicts of results.jsonl (`wmark.eval.runner.run_job`). A *setting* is
 (method, L, B, drafter, draft temperature); the *default condition* is the run's first drafter
 and temperature, which the main tables use. Every figure is a mean ± std over texts
 (prompts x seeds) unless stated otherwise.
@@ -19,9 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from wmark.contexts import scored_positions
-from wmark.generator.engine import METHODS
-from wmark.generator.eval.detection import DEFAULT_TAU, TauFit, TextPivots, cross_validate_tau, mixed_pivots
-from wmark.generator.eval.metrics import (
+from wmark.eval.detection import DEFAULT_TAU, TauFit, TextPivots, cross_validate_tau, mixed_pivots
+from wmark.eval.metrics import (
     Interval,
     binomial_interval,
     log_p_at,
@@ -29,7 +28,8 @@ from wmark.generator.eval.metrics import (
     rouge_l,
     standard_error,
 )
-from wmark.generator.eval.runner import RunInfo
+from wmark.eval.runner import RunInfo
+from wmark.generator.engine import METHODS
 from wmark.prf import KeyedSource
 from wmark.scoring import SCORES, ScoreName, log_gamma_sf
 from wmark.secret import Secret

@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import create_engine, text
 
-from wmark.detector.formats import visible_text
-from wmark.detector.sources import FileSource, SourceOptions, SqlSource
 from wmark.errors import InputError
+from wmark.scan.formats import visible_text
+from wmark.scan.sources import FileSource, SourceOptions, SqlSource
 
 HTML = """<!doctype html><html><head><title>Not shown</title><style>p {color: red}</style>
 <script>var shown = false;</script></head>
@@ -270,7 +270,7 @@ def test_permission_denied_files_and_folders_become_error_documents(store):
     (store / "closed").chmod(0)
     script = (
         "import json, sys\n"
-        "from wmark.detector.sources import FileSource, SourceOptions\n"
+        "from wmark.scan.sources import FileSource, SourceOptions\n"
         "src = FileSource([sys.argv[1]], SourceOptions(field='text', column='text'))\n"
         "print(json.dumps([[d.source, d.doc_id, d.error] for d in src.documents()]))\n"
     )

@@ -13,7 +13,7 @@ import pyarrow.parquet
 import pytest
 
 from wmark.errors import InputError
-from wmark.generator.eval.prompts import (
+from wmark.eval.prompts import (
     BUILTIN_SETS,
     CNN_ARTICLE_PREFIX,
     cnn_dailymail_prompts,

@@ -4,7 +4,7 @@ and SQL tables.
 A document's identity is (source, doc_id): the file's URL (an absolute path for local files)
 and its place in the file, or the SQL URL (password hidden) and the row's id. Identities are
 stable across runs, which is what makes a scan resumable. fsspec is imported only when a store
-is listed (the `[scan]` extra); file formats are read by `wmark.detector.formats`.
+is listed (the `[scan]` extra); file formats are read by `wmark.scan.formats`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from wmark.detector.formats import FORMATS, Record, compression_of, format_of, records
 from wmark.errors import InputError
+from wmark.scan.formats import FORMATS, Record, compression_of, format_of, records
 
 __all__ = ["Document", "FileSource", "SourceOptions", "SqlSource"]
 

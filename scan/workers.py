@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 from wmark.detector.detect import Detector
 from wmark.detector.localize import Localizer
-from wmark.detector.rows import ScanRow
 from wmark.errors import InputError, WmarkError
 from wmark.keymaterial import KeyMaterial
+from wmark.scan.rows import ScanRow
 
 __all__ = [
     "Batch",

@@ -10,15 +10,14 @@ import pytest
 from scipy import special, stats
 
 from wmark.detector import key_pivots
-from wmark.generator.baselines.pseudo import acceptance_uniform, second_key
-from wmark.generator.eval.detection import (
+from wmark.eval.detection import (
     TextPivots,
     cross_validate_tau,
     fit_tau,
     mixed_pivots,
     text_pivots,
 )
-from wmark.generator.eval.metrics import (
+from wmark.eval.metrics import (
     binomial_interval,
     log_p_at,
     lppl,
@@ -29,6 +28,7 @@ from wmark.generator.eval.metrics import (
     scores,
     standard_error,
 )
+from wmark.generator.baselines.pseudo import acceptance_uniform, second_key
 from wmark.prf import KeyedSource, seed_uniforms
 from wmark.scoring import score_pivots
 

@@ -2,7 +2,7 @@
 
 txt and md are one document per file, html one document of its visible text; jsonl and csv
 hold one document per record (the text in a named field), parquet one per row (a named
-column). Nothing here opens files or knows where they live (that is `wmark.detector.sources`);
+column). Nothing here opens files or knows where they live (that is `wmark.scan.sources`);
 pyarrow is imported only to read parquet.
 """
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SECRETS = {
     "WMARK_MASTER_KEY": "bWFzdGVyLWtleS1mb3ItdGhlLWNvbXBvc2UtdGVzdDA=",
     "POSTGRES_PASSWORD": "pw-for-test",

@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from wmark.errors import InputError
+from wmark.eval.detection import DEFAULT_TAU, mixed_pivots, text_pivots
+from wmark.eval.metrics import lppl, rouge_l, scores
+from wmark.eval.prompts import Prompt
 from wmark.generator.backend import LanguageModel
 from wmark.generator.engine import METHODS, SamplerConfig, generate
-from wmark.generator.eval.detection import DEFAULT_TAU, mixed_pivots, text_pivots
-from wmark.generator.eval.metrics import lppl, rouge_l, scores
-from wmark.generator.eval.prompts import Prompt
 from wmark.generator.logits import LogitsConfig, supports
 from wmark.keymaterial import KeyMaterial
 from wmark.prf import KeyedSource

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from wmark.errors import InputError
-from wmark.generator.engine import METHODS
-from wmark.generator.eval.aggregate import (
+from wmark.eval.aggregate import (
     ALPHA,
     EVAL_TOKENS,
     Row,
@@ -28,9 +27,10 @@ from wmark.generator.eval.aggregate import (
     method_rank,
     tpr,
 )
-from wmark.generator.eval.metrics import standard_error
-from wmark.generator.eval.runner import RunInfo
-from wmark.generator.eval.summary import headline_groups
+from wmark.eval.metrics import standard_error
+from wmark.eval.runner import RunInfo
+from wmark.eval.summary import headline_groups
+from wmark.generator.engine import METHODS
 
 __all__ = ["write_plots"]
 

@@ -18,8 +18,8 @@ from scipy import stats
 
 from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import Detector, TextTokenizer, key_pivots
-from wmark.detector.corpus import system_corpus
 from wmark.detector.localize import Localizer, window_family
+from wmark.eval.corpus import system_corpus
 from wmark.prf import KeyedSource
 from wmark.scoring import log_gamma_sf
 
