@@ -12,7 +12,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from wmark.errors import WmarkError
-from wmark.keys import KeyRegistry, RegistryConfig
+from wmark.keys import KeyRegistry
 
 __all__ = [
     "WmarkGroup",
@@ -40,7 +40,7 @@ class WmarkGroup(TyperGroup):
 
 def open_registry() -> KeyRegistry:
     """The registry configured by WMARK_HOME / WMARK_DATABASE_URL / WMARK_MASTER_KEY."""
-    return KeyRegistry.open(RegistryConfig.from_env())
+    return KeyRegistry.open()
 
 
 def embedded_tokenizer_loader() -> Any:

@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from wmark.cli.common import console, open_registry, print_json
-from wmark.cli.generate import check_tokenizer, load_with_status, run_generation
+from wmark.cli.generate import load_with_status, run_generation
 from wmark.detector import Detector
 from wmark.generator.embedded import embedded_tokenizer_json
 from wmark.keymaterial import KeyMaterial
@@ -54,7 +54,6 @@ def demo(
     with open_registry() as registry:
         key = demo_key(registry)
         pair = load_with_status("embedded", "embedded", device, precision)
-        check_tokenizer(key, pair)
         config = SamplerConfig(method="mpfr", drafts=4, lookahead=4, max_new_tokens=max_new_tokens)
         result = run_generation(pair, pair.encode_prompt(prompt), config, key, seed, quiet=as_json)
         detector = Detector(registry.detection_keys([key.key_id]), registry.tokenizer_json)

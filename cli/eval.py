@@ -249,14 +249,14 @@ def _resume_info(info: RunInfo, run_json: Path) -> RunInfo:
 
 def _key_material(key_id: str | None, secret: Secret | None, derived_id: str, pair: ModelPair) -> KeyMaterial:
     """The registry key (checked against the target's tokenizer) or the derived evaluation key."""
-    from wmark.cli.generate import check_tokenizer
     from wmark.detector import TextTokenizer
+    from wmark.generator.engine import check_key_binding
     from wmark.spec import WatermarkSpec
 
     if key_id is not None:
         with open_registry() as registry:
             material = registry.material(key_id, for_generation=True)
-        check_tokenizer(material, pair)
+        check_key_binding(material, pair.target)
         return material
     assert secret is not None
     ref = TextTokenizer(pair.tokenizer_json, "target").ref

@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from wmark.cli.common import err_console, open_registry, print_json
-from wmark.errors import InputError, KeyRegistryError, TokenizerError
+from wmark.errors import InputError, KeyRegistryError
 from wmark.generator.names import METHOD_NAMES
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
@@ -32,15 +32,6 @@ def pick_key(registry: KeyRegistry, key_id: str | None) -> KeyMaterial:
         ids = ", ".join(k.key_id for k in active)
         raise KeyRegistryError(f"several active keys ({ids}): choose one with --key")
     return registry.material(active[0].key_id, for_generation=True)
-
-
-def check_tokenizer(key: KeyMaterial, pair: ModelPair) -> None:
-    """A key only marks text from the tokenizer it is bound to."""
-    if key.spec.tokenizer.sha256 != pair.tokenizer_sha256:
-        raise TokenizerError(
-            f"key {key.key_id} is bound to tokenizer {key.spec.tokenizer.sha256[:12]}, but the target's "
-            f"tokenizer is {pair.tokenizer_sha256[:12]}: create a key with --tokenizer pointing at this model"
-        )
 
 
 def load_with_status(target: str, drafter: str | None, device: str, precision: str) -> ModelPair:
@@ -164,8 +155,6 @@ def generate_cmd(
         with open_registry() as registry:
             material = pick_key(registry, key)
     pair = load_with_status(target, drafter if spec.speculative else None, device, precision)
-    if material is not None:
-        check_tokenizer(material, pair)
     result = run_generation(
         pair, pair.encode_prompt(prompt, chat=chat), config, material, seed, quiet=as_json
     )

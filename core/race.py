@@ -1,6 +1,6 @@
 """The exponential race (PFR for discrete distributions) and MPFR, its multi-sample mapping.
 
-Race [ALGORITHMS §2]: with E_v = -ln U(v, 1) i.i.d. Exp(1), argmin_v E_v / P(v) ~ P exactly.
+Race [docs/algorithms.md §2]: with E_v = -ln U(v, 1) i.i.d. Exp(1), argmin_v E_v / P(v) ~ P exactly.
 MPFR [§4.1]: token v's clock has arrivals A_{v,j} = sum_{i<=j} E_{v,i}; the labels of the n
 smallest A_{v,j} / R(v) are n i.i.d. draws from R (mapping theorem). Its first draw is the race
 winner, because A_{v,1} = E_{v,1}. Both operate on a support (the tokens with R > 0) given

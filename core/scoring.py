@@ -1,4 +1,4 @@
-"""Scores of pivots and their p-values [ALGORITHMS §7].
+"""Scores of pivots and their p-values [docs/algorithms.md §7].
 
 Under H0 (text independent of the key) the pivots of scored positions are i.i.d. Unif(0, 1).
 
@@ -27,8 +27,10 @@ __all__ = [
     "SCORES",
     "ScoreName",
     "ScoreResult",
+    "aaronson_scores",
     "chernoff_log_p",
     "log_gamma_sf",
+    "log_gamma_sf_many",
     "score_pivots",
 ]
 
@@ -36,6 +38,8 @@ ScoreName = Literal["aaronson", "u", "li", "pl"]
 SCORES: tuple[ScoreName, ...] = ("aaronson", "u", "li", "pl")
 LI_DELTA = 0.5  # the Li score is implemented for this Δ (closed-form MGF)
 PL_EPSILON = 0.1
+_TINY = 1e-250  # below this gammaincc loses relative precision: the exact log series takes over
+_LOG_TINY = math.log(_TINY)
 
 
 def log_gamma_sf(n: int, s: float) -> float:
@@ -47,11 +51,33 @@ def log_gamma_sf(n: int, s: float) -> float:
     if n <= 0 or s <= 0.0:
         return 0.0
     p = float(special.gammaincc(n, s))
-    if p > 1e-250:
+    if p > _TINY:
         return math.log(p)
     k = np.arange(n, dtype=np.float64)
     terms = k * math.log(s) - special.gammaln(k + 1.0)
     return float(-s + special.logsumexp(terms))
+
+
+def log_gamma_sf_many(n: npt.ArrayLike, s: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """`log_gamma_sf` elementwise over arrays of (n, s) pairs: vectorised where `gammaincc` is exact.
+
+    The window search scores thousands of windows per document; only the few whose tail is
+    near underflow take the exact series.
+    """
+    n_arr = np.asarray(n, dtype=np.int64)
+    s_arr = np.asarray(s, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        out: npt.NDArray[np.float64] = np.log(special.gammaincc(n_arr, s_arr))
+    out[(n_arr <= 0) | (s_arr <= 0.0)] = 0.0
+    for i in np.flatnonzero(out < _LOG_TINY):
+        out[i] = log_gamma_sf(int(n_arr[i]), float(s_arr[i]))
+    return out
+
+
+def aaronson_scores(pivots: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """Per-token Aaronson scores s_t = -ln(1 - U_t): Exp(1) under H0."""
+    out: npt.NDArray[np.float64] = -np.log1p(-np.asarray(pivots, dtype=np.float64))
+    return out
 
 
 def chernoff_log_p(n: int, mean_score: float, log_mgf: Callable[[float], float], h0_mean: float) -> float:
@@ -143,7 +169,7 @@ def score_pivots(pivots: npt.NDArray[np.float64], score: ScoreName = "aaronson")
     u = np.asarray(pivots, dtype=np.float64)
     n = len(u)
     if score == "aaronson":
-        total = float(-np.log1p(-u).sum())
+        total = float(aaronson_scores(u).sum())
         return ScoreResult(total, log_gamma_sf(n, total), n)
     if score == "u":
         total = float(u.sum())

@@ -19,9 +19,18 @@ from wmark.detector.tokenize import TextTokenizer
 from wmark.errors import InputError, InsufficientTextError, TokenizerError
 from wmark.keymaterial import KeyMaterial
 from wmark.prf import KeyedSource
-from wmark.scoring import log_gamma_sf
+from wmark.scoring import ScoreResult, aaronson_scores, score_pivots
 
-__all__ = ["Detector", "KeyPivots", "detect", "holm_adjust", "key_pivots"]
+__all__ = [
+    "Detector",
+    "Encoding",
+    "Encodings",
+    "KeyPivots",
+    "KeyScore",
+    "detect",
+    "holm_adjust",
+    "key_pivots",
+]
 
 TokenizerLookup = Callable[[str], bytes]
 
@@ -95,12 +104,50 @@ def check_vocabulary(ids: npt.NDArray[np.uint32], key: KeyMaterial) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Encoding:
+    """A text's token IDs under one tokenizer, with each token's character span when asked for."""
+
+    ids: npt.NDArray[np.uint32]
+    offsets: list[tuple[int, int]] | None = None
+
+
+class Encodings:
+    """One input as every key reads it: tokenised once per distinct tokenizer, or raw token IDs."""
+
+    def __init__(self, by_tokenizer: Mapping[str, Encoding] | None = None, ids: Encoding | None = None):
+        self._by_tokenizer = dict(by_tokenizer or {})
+        self._ids = ids
+
+    def for_key(self, key: KeyMaterial) -> Encoding:
+        """The encoding `key` scores: its tokenizer's, or the raw IDs."""
+        found = self._by_tokenizer.get(key.spec.tokenizer.sha256, self._ids)
+        if found is None:
+            raise TokenizerError(f"the input was not tokenised with key {key.key_id}'s tokenizer")
+        return found
+
+
+@dataclass(frozen=True)
+class KeyScore:
+    """One key's evidence on one input: its scored positions, pivots and exact Aaronson test."""
+
+    key: KeyMaterial
+    pivots: KeyPivots
+    test: ScoreResult
+
+    @property
+    def enough(self) -> bool:
+        """Whether the key scored at least its spec's `min_scored_tokens` positions."""
+        return self.test.n >= self.key.spec.min_scored_tokens
+
+
 class Detector:
     """Detects texts or token IDs against a fixed set of keys.
 
     Build it once (tokenizers are parsed and HMAC keys prepared here), then call `detect` for
     each text. Keys with different tokenizers may be mixed: each text is tokenised once per
-    distinct tokenizer.
+    distinct tokenizer. `encode` and `score_keys` are the two steps of `detect`, shared with the
+    window search (`Localizer`) so both read the same tokens and pivots.
 
     Args:
         keys: the keys to test (active and retired ones; revoked keys must not be passed).
@@ -120,6 +167,7 @@ class Detector:
             raise InputError("no keys to detect with: create one with `wmark keys create NAME`")
         self.keys = list(keys)
         self._sources = {k.key_id: KeyedSource(k.secret, k.spec) for k in self.keys}
+        self._shas = sorted({k.spec.tokenizer.sha256 for k in self.keys})
         self._lookup = tokenizers
         self._tokenizers: dict[str, TextTokenizer] = {}
         self.threads = threads
@@ -140,6 +188,54 @@ class Detector:
                 raise TokenizerError(f"tokenizer content does not match its hash {sha256[:12]}")
             self._tokenizers[sha256] = tok
         return self._tokenizers[sha256]
+
+    def encode(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Sequence[int] | npt.NDArray[np.integer] | None = None,
+        with_offsets: bool = False,
+    ) -> Encodings:
+        """Check one input (exactly one of text and token_ids) and tokenise it for every key.
+
+        Raises:
+            InsufficientTextError: empty text or token list.
+            InputError: bad token IDs, or both/neither of text and token_ids.
+            TokenizerError: a key's tokenizer is missing.
+        """
+        if (text is None) == (token_ids is None):
+            raise InputError("give exactly one of text and token_ids")
+        if text is None:
+            return Encodings(ids=Encoding(check_token_ids(token_ids)))
+        if not text.strip():
+            raise InsufficientTextError("the text is empty")
+        by_sha = {}
+        for sha in self._shas:
+            tok = self.tokenizer(sha)
+            by_sha[sha] = (
+                Encoding(*tok.encode_with_offsets(text)) if with_offsets else Encoding(tok.encode(text))
+            )
+        return Encodings(by_sha)
+
+    def encode_many(self, texts: Sequence[str]) -> list[Encodings]:
+        """Tokenise many texts in one parallel batch per tokenizer (no emptiness check)."""
+        batches = {sha: self.tokenizer(sha).encode_batch(texts) for sha in self._shas}
+        return [Encodings({sha: Encoding(batches[sha][i]) for sha in self._shas}) for i in range(len(texts))]
+
+    def score_keys(self, encodings: Encodings, *, start: int = 0) -> list[KeyScore]:
+        """Every key's scored positions, pivots and exact Aaronson test on one input.
+
+        Raises:
+            InsufficientTextError: no tokens.
+            TokenizerError: token IDs outside a key's vocabulary.
+        """
+        out = []
+        for key in self.keys:
+            ids = encodings.for_key(key).ids
+            check_vocabulary(ids, key)
+            kp = key_pivots(ids, self._sources[key.key_id], start=start, threads=self.threads)
+            out.append(KeyScore(key, kp, score_pivots(kp.pivots)))
+        return out
 
     def detect(
         self,
@@ -168,15 +264,10 @@ class Detector:
             TokenizerError: a key's tokenizer is missing, or token IDs exceed its vocabulary.
         """
         check_alpha(alpha)
-        if (text is None) == (token_ids is None):
-            raise InputError("give exactly one of text and token_ids")
-        if text is not None:
-            if not text.strip():
-                raise InsufficientTextError("the text is empty")
-            encodings = self._encode(text, with_offsets=return_tokens)
-        else:
-            encodings = {None: (check_token_ids(token_ids), None)}
-        return self._score(encodings, alpha=alpha, start=start, return_tokens=return_tokens, source=source)
+        encodings = self.encode(text, token_ids=token_ids, with_offsets=return_tokens)
+        return self._detection(
+            encodings, alpha=alpha, start=start, return_tokens=return_tokens, source=source
+        )
 
     def detect_many(
         self, texts: Sequence[str], *, alpha: float = 0.01, sources: Sequence[str | None] | None = None
@@ -188,81 +279,66 @@ class Detector:
         check_alpha(alpha)
         if any(not t.strip() for t in texts):
             raise InsufficientTextError("one of the texts is empty")
-        shas = sorted({k.spec.tokenizer.sha256 for k in self.keys})
-        batches = {sha: self.tokenizer(sha).encode_batch(texts) for sha in shas}
         labels = list(sources) if sources is not None else [None] * len(texts)
         return [
-            self._score({sha: (batches[sha][i], None) for sha in shas}, alpha=alpha, source=labels[i])
-            for i in range(len(texts))
+            self._detection(enc, alpha=alpha, source=label)
+            for enc, label in zip(self.encode_many(texts), labels, strict=True)
         ]
 
-    def _encode(
-        self, text: str, *, with_offsets: bool
-    ) -> dict[str | None, tuple[npt.NDArray[np.uint32], list[tuple[int, int]] | None]]:
-        out: dict[str | None, tuple[npt.NDArray[np.uint32], list[tuple[int, int]] | None]] = {}
-        for sha in sorted({k.spec.tokenizer.sha256 for k in self.keys}):
-            tok = self.tokenizer(sha)
-            out[sha] = tok.encode_with_offsets(text) if with_offsets else (tok.encode(text), None)
-        return out
-
-    def _score(
+    def _detection(
         self,
-        encodings: Mapping[str | None, tuple[npt.NDArray[np.uint32], list[tuple[int, int]] | None]],
+        encodings: Encodings,
         *,
         alpha: float,
         start: int = 0,
         return_tokens: bool = False,
         source: str | None = None,
     ) -> Detection:
-        per_key: list[tuple[KeyMaterial, KeyPivots, float, float]] = []
-        for key in self.keys:
-            sha = key.spec.tokenizer.sha256
-            ids, _ = encodings[sha] if sha in encodings else encodings[None]
-            check_vocabulary(ids, key)
-            kp = key_pivots(ids, self._sources[key.key_id], start=start, threads=self.threads)
-            score = float(-np.log1p(-kp.pivots).sum())
-            per_key.append((key, kp, score, log_gamma_sf(len(kp.pivots), score)))
-
-        enough = [len(kp.pivots) >= k.spec.min_scored_tokens for k, kp, *_ in per_key]
-        verdict, best, adjusted = choose_verdict([lp for *_, lp in per_key], enough, alpha)
-        results = tuple(
-            KeyResult(key_id=k.key_id, n_scored=len(kp.pivots), score=s, log_p=lp, adjusted_log_p=adj)
-            for (k, kp, s, lp), adj in zip(per_key, adjusted, strict=True)
+        scored = self.score_keys(encodings, start=start)
+        verdict, best, adjusted = choose_verdict(
+            [s.test.log_p for s in scored], [s.enough for s in scored], alpha
         )
-        key, kp, score, _ = per_key[best]
-        sha = key.spec.tokenizer.sha256
-        ids, offsets = encodings[sha] if sha in encodings else encodings[None]
+        results = tuple(
+            KeyResult(
+                key_id=s.key.key_id,
+                n_scored=s.test.n,
+                score=s.test.score,
+                log_p=s.test.log_p,
+                adjusted_log_p=adj,
+            )
+            for s, adj in zip(scored, adjusted, strict=True)
+        )
+        chosen = scored[best]
+        enc = encodings.for_key(chosen.key)
         return Detection(
             verdict=verdict,
             p_value=math.exp(adjusted[best]),
             log_p=adjusted[best],
-            score=score,
-            n_scored=len(kp.pivots),
-            n_tokens=len(ids),
-            key_id=key.key_id,
-            spec_version=key.spec.spec_version,
+            score=chosen.test.score,
+            n_scored=chosen.test.n,
+            n_tokens=len(enc.ids),
+            key_id=chosen.key.key_id,
+            spec_version=chosen.key.spec.spec_version,
             alpha=alpha,
             keys=results,
-            tokens=_token_evidence(ids, offsets, kp) if return_tokens else None,
+            tokens=_token_evidence(enc, chosen.pivots) if return_tokens else None,
             source=source,
         )
 
 
-def _token_evidence(
-    ids: npt.NDArray[np.uint32], offsets: list[tuple[int, int]] | None, kp: KeyPivots
-) -> tuple[TokenEvidence, ...]:
+def _token_evidence(enc: Encoding, kp: KeyPivots) -> tuple[TokenEvidence, ...]:
     pivot_at = dict(zip(kp.positions.tolist(), kp.pivots.tolist(), strict=True))
     out = []
-    for t, token_id in enumerate(ids.tolist()):
+    for t, token_id in enumerate(enc.ids.tolist()):
         u = pivot_at.get(t)
-        span = offsets[t] if offsets is not None else (None, None)
+        span = enc.offsets[t] if enc.offsets is not None else (None, None)
         out.append(
             TokenEvidence(
                 token_id=token_id,
                 start=span[0],
                 end=span[1],
                 pivot=u,
-                score=None if u is None else -math.log1p(-u),
+                score=None if u is None else float(aaronson_scores(u)),
             )
         )
     return tuple(out)

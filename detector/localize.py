@@ -26,28 +26,23 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special
 
 from wmark.detector.detect import (
     Detector,
-    KeyPivots,
+    Encodings,
+    KeyScore,
     check_alpha,
-    check_token_ids,
-    check_vocabulary,
     choose_verdict,
     holm_adjust,
-    key_pivots,
 )
 from wmark.detector.result import Verdict
 from wmark.errors import InputError, InsufficientTextError, WmarkError
 from wmark.keymaterial import KeyMaterial
-from wmark.prf import KeyedSource
-from wmark.scoring import log_gamma_sf
+from wmark.scoring import aaronson_scores, log_gamma_sf_many
 
 __all__ = ["KeyLocalization", "Localization", "Localizer", "Window", "window_family"]
 
 DEFAULT_MIN_WINDOW = 32
-_LOG_TINY = math.log(1e-250)  # below this gammaincc loses precision: use the exact log series
 
 
 def _family(m: int, min_len: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -179,10 +174,9 @@ class Localization:
 
 @dataclass(frozen=True)
 class _Scored:
-    key: KeyMaterial
-    pivots: KeyPivots
-    whole_log_p: float
-    score: float
+    """A key's whole-document test (from the detector) and its best window."""
+
+    whole: KeyScore
     window: Window | None
     log_p: float
 
@@ -190,7 +184,9 @@ class _Scored:
 class Localizer:
     """Whole-document test plus window search over a `Detector`'s keys and tokenizers.
 
-    Build it once per process, like the `Detector` it wraps.
+    Build it once per process, like the `Detector` it wraps. The input checks, tokenisation,
+    pivots and whole-document test are the detector's own (`Detector.encode`, `score_keys`), so
+    `whole_p_value` is exactly what `Detector.detect` reports.
 
     Args:
         detector: supplies the keys and (cached) tokenizers.
@@ -203,8 +199,6 @@ class Localizer:
             raise InputError(f"the window length must be >= 0, got {min_window}")
         self.detector = detector
         self.min_window = min_window
-        self._sources = {k.key_id: KeyedSource(k.secret, k.spec) for k in detector.keys}
-        self._shas = sorted({k.spec.tokenizer.sha256 for k in detector.keys})
 
     def localize(
         self,
@@ -222,17 +216,8 @@ class Localizer:
             TokenizerError: token IDs outside a key's vocabulary, or a tokenizer missing.
         """
         check_alpha(alpha)
-        if (text is None) == (token_ids is None):
-            raise InputError("give exactly one of text and token_ids")
-        if text is not None:
-            if not text.strip():
-                raise InsufficientTextError("the text is empty")
-            ids: dict[str | None, npt.NDArray[np.uint32]] = {
-                sha: self.detector.tokenizer(sha).encode(text) for sha in self._shas
-            }
-        else:
-            ids = {None: check_token_ids(token_ids)}
-        return self._localize(ids, text, alpha=alpha, source=source)
+        encodings = self.detector.encode(text, token_ids=token_ids)
+        return self._localize(encodings, text, alpha=alpha, source=source)
 
     def localize_many(
         self, texts: Sequence[str], *, alpha: float = 0.01, sources: Sequence[str | None] | None = None
@@ -245,41 +230,34 @@ class Localizer:
         """
         check_alpha(alpha)
         labels = list(sources) if sources is not None else [None] * len(texts)
-        batches = {sha: self.detector.tokenizer(sha).encode_batch(texts) for sha in self._shas}
         out: list[Localization | WmarkError] = []
-        for i, text in enumerate(texts):
+        for text, encodings, label in zip(texts, self.detector.encode_many(texts), labels, strict=True):
             try:
                 if not text.strip():
                     raise InsufficientTextError("the text is empty")
-                ids: dict[str | None, npt.NDArray[np.uint32]] = {sha: batches[sha][i] for sha in self._shas}
-                out.append(self._localize(ids, text, alpha=alpha, source=labels[i]))
+                out.append(self._localize(encodings, text, alpha=alpha, source=label))
             except WmarkError as exc:
                 out.append(exc)
         return out
 
     def _localize(
-        self,
-        encodings: dict[str | None, npt.NDArray[np.uint32]],
-        text: str | None,
-        *,
-        alpha: float,
-        source: str | None,
+        self, encodings: Encodings, text: str | None, *, alpha: float, source: str | None
     ) -> Localization:
-        scored = [self._score_key(key, encodings) for key in self.detector.keys]
-        enough = [len(s.pivots.pivots) >= s.key.spec.min_scored_tokens for s in scored]
-        verdict, best, adjusted = choose_verdict([s.log_p for s in scored], enough, alpha)
-        whole_adjusted = holm_adjust([s.whole_log_p for s in scored])
+        scored = [self._with_window(whole) for whole in self.detector.score_keys(encodings)]
+        verdict, best, adjusted = choose_verdict(
+            [s.log_p for s in scored], [s.whole.enough for s in scored], alpha
+        )
+        whole_adjusted = holm_adjust([s.whole.test.log_p for s in scored])
         chosen = scored[best]
-        ids = _ids_for(encodings, chosen.key)
         window = chosen.window
         if window is not None and text is not None and verdict == "watermarked":
-            window = self._with_chars(window, text, chosen.key)
+            window = self._with_chars(window, text, chosen.whole.key)
         keys = tuple(
             KeyLocalization(
-                key_id=s.key.key_id,
-                n_scored=len(s.pivots.pivots),
-                score=s.score,
-                whole_log_p=s.whole_log_p,
+                key_id=s.whole.key.key_id,
+                n_scored=s.whole.test.n,
+                score=s.whole.test.score,
+                whole_log_p=s.whole.test.log_p,
                 window=window if i == best else s.window,
                 log_p=s.log_p,
                 adjusted_log_p=adjusted[i],
@@ -292,41 +270,32 @@ class Localizer:
             log_p=adjusted[best],
             whole_p_value=math.exp(whole_adjusted[best]),
             whole_log_p=whole_adjusted[best],
-            key_id=chosen.key.key_id,
-            n_tokens=len(ids),
-            n_scored=len(chosen.pivots.pivots),
+            key_id=chosen.whole.key.key_id,
+            n_tokens=len(encodings.for_key(chosen.whole.key).ids),
+            n_scored=chosen.whole.test.n,
             window=window,
             alpha=alpha,
             keys=keys,
             source=source,
         )
 
-    def _score_key(self, key: KeyMaterial, encodings: dict[str | None, npt.NDArray[np.uint32]]) -> _Scored:
-        ids = _ids_for(encodings, key)
-        check_vocabulary(ids, key)
-        kp = key_pivots(ids, self._sources[key.key_id], threads=self.detector.threads)
-        token_scores = -np.log1p(-kp.pivots)
-        score = float(token_scores.sum())  # summed as `Detector` does, so the p-values agree exactly
-        whole = log_gamma_sf(len(token_scores), score)
-        prefix = np.concatenate(([0.0], np.cumsum(token_scores)))
-        window = self._best_window(kp, prefix, key) if self.min_window else None
+    def _with_window(self, whole: KeyScore) -> _Scored:
+        window = self._best_window(whole) if self.min_window else None
         if window is None:
-            return _Scored(key, kp, whole, score, None, whole)
-        combined = min(0.0, math.log(2.0) + whole, window.log_p)
-        return _Scored(key, kp, whole, score, window, combined)
+            return _Scored(whole, None, whole.test.log_p)
+        combined = min(0.0, math.log(2.0) + whole.test.log_p, window.log_p)
+        return _Scored(whole, window, combined)
 
-    def _best_window(self, kp: KeyPivots, prefix: npt.NDArray[np.float64], key: KeyMaterial) -> Window | None:
-        w = max(self.min_window, key.spec.min_scored_tokens)
+    def _best_window(self, whole: KeyScore) -> Window | None:
+        kp = whole.pivots
+        w = max(self.min_window, whole.key.spec.min_scored_tokens)
         starts, ends = _family(len(kp.pivots), w + (w % 2))
         if len(starts) == 0:
             return None
+        prefix = np.concatenate(([0.0], np.cumsum(aaronson_scores(kp.pivots))))
         lengths = ends - starts
         scores = prefix[ends] - prefix[starts]
-        with np.errstate(divide="ignore"):
-            log_q = np.log(special.gammaincc(lengths, scores))
-        # exact series where gammaincc is near or below underflow
-        for i in np.flatnonzero(log_q < _LOG_TINY):
-            log_q[i] = log_gamma_sf(int(lengths[i]), float(scores[i]))
+        log_q = log_gamma_sf_many(lengths, scores)
         best = int(np.argmin(log_q))
         n_windows = len(starts)
         # this key's windows share alpha / 2: Bonferroni factor 2 W
@@ -353,8 +322,3 @@ class Localizer:
                 "end_char": offsets[window.end - 1][1],
             }
         )
-
-
-def _ids_for(encodings: dict[str | None, npt.NDArray[np.uint32]], key: KeyMaterial) -> npt.NDArray[np.uint32]:
-    sha = key.spec.tokenizer.sha256
-    return encodings[sha] if sha in encodings else encodings[None]

@@ -16,10 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from wmark.contexts import scored_positions
-from wmark.eval.detection import DEFAULT_TAU, TauFit, TextPivots, cross_validate_tau, mixed_pivots
+from wmark.eval.detection import (
+    DEFAULT_TAU,
+    TauFit,
+    TextPivots,
+    cross_validate_tau,
+    generated_pivots,
+    mixed_pivots,
+)
 from wmark.eval.metrics import (
     Interval,
     binomial_interval,
@@ -31,7 +36,7 @@ from wmark.eval.metrics import (
 from wmark.eval.runner import RunInfo
 from wmark.generator.engine import METHODS
 from wmark.prf import KeyedSource
-from wmark.scoring import SCORES, ScoreName, log_gamma_sf
+from wmark.scoring import SCORES, ScoreName, score_pivots
 from wmark.secret import Secret
 from wmark.spec import WatermarkSpec
 
@@ -92,7 +97,7 @@ def pseudo_pivots(row: Row, tau: float = DEFAULT_TAU) -> list[float]:
 
 
 def detector_pivots(row: Row, *, k1_only: bool = False) -> list[float]:
-    """The pivots of the detector ALGORITHMS §7 names for the row's method."""
+    """The pivots of the detector docs/algorithms.md §7 names for the row's method."""
     if row["method"] == "mse-pseudo" and not k1_only:
         return pseudo_pivots(row)
     return list(row["pivots"])
@@ -199,18 +204,10 @@ def calibration_other_keys(rows: Sequence[Row], spec: WatermarkSpec, *, keys: in
     for i, r in enumerate(unique_texts(rows)):
         for k in range(keys):
             secret = Secret(hashlib.sha256(b"wmark.eval.h0-key.%d.%d" % (i, k)).digest())
-            u = _key_pivots(r, KeyedSource(secret, spec))
+            u = generated_pivots(r["prompt_tail"], r["token_ids"], KeyedSource(secret, spec)).pivots
             total += 1
-            hits += log_gamma_sf(len(u), float(-np.log1p(-u).sum())) <= math.log(ALPHA)
+            hits += score_pivots(u).log_p <= math.log(ALPHA)
     return binomial_interval(hits, total)
-
-
-def _key_pivots(row: Row, source: KeyedSource) -> npt.NDArray[np.float64]:
-    h = source.spec.context_width
-    tail = list(row["prompt_tail"])[-h:]
-    ids = np.array([*tail, *row["token_ids"]], dtype=np.uint32)
-    sp = scored_positions(ids, h, start=len(tail))
-    return source.window_pivots(sp.windows, ids[sp.positions])
 
 
 def ablation_groups(

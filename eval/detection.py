@@ -1,12 +1,10 @@
 """The detectors of the evaluation: pivots of every text, and mse-pseudo's mixed-pivot test.
 
 Every method is scored with the pivots U1(y_t) = U(y_t, 1) of the watermark key at the scored
-positions (ALGORITHMS §7): that is the detector of the DeltaGumbel family (basic-uwm, mws, mse)
+positions (docs/algorithms.md §7): that is the detector of the DeltaGumbel family (basic-uwm, mws, mse)
 and of PFR/MPFR alike, and the unwatermarked methods (vsps, pfr-nowm, gls) are scored with it as
-H0 controls. The positions and pivots are computed from the core's definitions
-(`scored_positions`, `KeyedSource.window_pivots`) with the prompt in front, so they are exactly
-the production detector's (`wmark.detector.key_pivots`, pinned to it by a test) and exactly the
-positions the generator keyed.
+H0 controls. The positions and pivots are the production detector's own (`wmark.detector.key_pivots`)
+with the prompt in front, so they are exactly the positions the generator keyed.
 
 mse-pseudo's detector (He et al. 2026) also reads k2: its pivot U2(y_t) and its acceptance uniform
 r_t at the same window. The mixed pivot is U2 where r_t > tau (a rejection was likely there, so
@@ -27,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wmark.contexts import scored_positions
+from wmark.detector import KeyPivots, key_pivots
 from wmark.eval.metrics import log_p_at
 from wmark.generator.baselines.pseudo import second_key
 from wmark.generator.baselines.streams import ACCEPT_TOKEN
@@ -34,6 +33,8 @@ from wmark.prf import KeyedSource
 
 __all__ = [
     "DEFAULT_TAU",
+    "acceptance_uniforms",
+    "generated_pivots",
     "TextPivots",
     "TauFit",
     "cross_validate_tau",
@@ -63,26 +64,44 @@ class TextPivots:
     r: npt.NDArray[np.float64]
 
 
+def generated_pivots(prompt_ids: Sequence[int], token_ids: Sequence[int], source: KeyedSource) -> KeyPivots:
+    """The detector's pivots of a generated text with its prompt in front (window mode).
+
+    Only the prompt's last h IDs matter. Positions are generated indices (0 = first generated
+    token).
+    """
+    tail = list(prompt_ids)[-source.spec.context_width :]
+    kp = key_pivots(np.array([*tail, *token_ids], dtype=np.uint32), source, start=len(tail))
+    return KeyPivots(kp.positions - len(tail), kp.pivots)
+
+
 def text_pivots(prompt_ids: Sequence[int], token_ids: Sequence[int], source: KeyedSource) -> TextPivots:
-    """Pivots of a generated text with its prompt in front (only the prompt's last h IDs matter).
+    """Pivots of a generated text under the watermark key and mse-pseudo's second key.
 
     Args:
         prompt_ids: the prompt (or at least its last context_width IDs).
         token_ids: the generated tokens.
         source: the watermark key's clocks (window mode).
     """
-    h = source.spec.context_width
+    k2 = second_key(source)
+    u1 = generated_pivots(prompt_ids, token_ids, source)
+    return TextPivots(
+        positions=u1.positions,
+        u1=u1.pivots,
+        u2=generated_pivots(prompt_ids, token_ids, k2).pivots,
+        r=acceptance_uniforms(prompt_ids, token_ids, k2),
+    )
+
+
+def acceptance_uniforms(
+    prompt_ids: Sequence[int], token_ids: Sequence[int], k2: KeyedSource
+) -> npt.NDArray[np.float64]:
+    """mse-pseudo's r_t: k2's uniform of its acceptance token at each scored position's window."""
+    h = k2.spec.context_width
     tail = list(prompt_ids)[-h:]
     ids = np.array([*tail, *token_ids], dtype=np.uint32)
     sp = scored_positions(ids, h, start=len(tail))
-    tokens = ids[sp.positions]
-    k2 = second_key(source)
-    return TextPivots(
-        positions=sp.positions - len(tail),
-        u1=source.window_pivots(sp.windows, tokens),
-        u2=k2.window_pivots(sp.windows, tokens),
-        r=k2.window_pivots(sp.windows, np.full(len(tokens), ACCEPT_TOKEN, dtype=np.uint32)),
-    )
+    return k2.window_pivots(sp.windows, np.full(len(sp.positions), ACCEPT_TOKEN, dtype=np.uint32))
 
 
 def mixed_pivots(

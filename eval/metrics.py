@@ -1,4 +1,4 @@
-"""The evaluation's figures, as pure functions of stored per-text data (ALGORITHMS §7-8).
+"""The evaluation's figures, as pure functions of stored per-text data (docs/algorithms.md §7-8).
 
 - AATPS: emitted tokens / target verification forwards, per text (the prompt prefill is not a
   verification forward); tables give mean ± std over texts. Hu & Huang pool instead (mean block
@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from wmark.scoring import SCORES, ScoreName, log_gamma_sf, score_pivots
+from wmark.scoring import SCORES, ScoreName, score_pivots
 
 __all__ = [
     "Interval",
@@ -54,9 +54,8 @@ def log_p_at(positions: npt.ArrayLike, pivots: npt.ArrayLike, tokens: int) -> tu
         tokens: T, the number of generated tokens the detector sees.
     """
     pos = np.asarray(positions, dtype=np.int64)
-    u = np.asarray(pivots, dtype=np.float64)[pos < tokens]
-    total = float(-np.log1p(-u).sum())
-    return log_gamma_sf(len(u), total), len(u)
+    test = score_pivots(np.asarray(pivots, dtype=np.float64)[pos < tokens])
+    return test.log_p, test.n
 
 
 def detected_at(positions: npt.ArrayLike, pivots: npt.ArrayLike, tokens: int, alpha: float) -> bool:

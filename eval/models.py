@@ -70,7 +70,9 @@ def load_models(
             raise BackendError(f"the drafter {name} does not share the target's tokenizer")
         if other.target.vocab_size > pair.target.vocab_size:
             raise BackendError(f"the drafter {name}'s vocabulary is larger than the target's")
-        models[name] = HFModel(other.target.model, pair.target.eos_token_ids, name=name)
+        models[name] = HFModel(
+            other.target.model, pair.target.eos_token_ids, name=name, tokenizer_sha256=pair.tokenizer_sha256
+        )
     if TARGET_AS_DRAFTER in drafters:
         models[TARGET_AS_DRAFTER] = pair.target  # sessions are independent: no second copy of the weights
     evaluation = EvalModels(

@@ -10,7 +10,7 @@ The built-in sets (`BUILTIN_SETS`) were written for this project: ELI5-style que
 news-like passages to summarise (with reference summaries), and code tasks. The paper's data
 sets are read only from local copies (no download), in the usual formats (a `datasets`
 `save_to_disk` folder, the Hub's parquet files, CSV, JSONL), and turned into prompts with the
-paper's templates (ALGORITHMS §9): `cnn_dailymail:PATH` and `eli5:PATH`.
+paper's templates (docs/algorithms.md §9): `cnn_dailymail:PATH` and `eli5:PATH`.
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ class LanguageModel(Protocol):
 
     vocab_size: int
     eos_token_ids: frozenset[int]
+    # SHA-256 of the tokenizer.json whose IDs the model reads; None when unknown (raw IDs only).
+    # `generate` refuses a key bound to another tokenizer.
+    tokenizer_sha256: str | None
 
     def session(self, prompt_ids: Sequence[int]) -> Session:
         """A new session whose committed text is the prompt (processed on the first `extend`)."""

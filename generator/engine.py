@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from wmark.errors import InputError
+from wmark.errors import InputError, TokenizerError
 from wmark.generator.backend import LanguageModel
 from wmark.generator.baselines.gls import gls_block
 from wmark.generator.baselines.pseudo import mse_pseudo_block
@@ -29,7 +29,7 @@ from wmark.generator.result import GenerationResult, Timings
 from wmark.generator.speculative import autoregressive_block, tree_block
 from wmark.keymaterial import KeyMaterial
 
-__all__ = ["METHODS", "SamplerConfig", "generate", "request_nonce"]
+__all__ = ["METHODS", "SamplerConfig", "check_key_binding", "generate", "request_nonce"]
 
 DEFAULT_DRAFTS = 4
 MAX_DRAFTS = 64
@@ -53,7 +53,7 @@ METHODS: dict[str, Method] = {
     "pfr": Method(tree_block, keyed=True, speculative=True, multi_draft=False),
     "pfr-nowm": Method(tree_block, keyed=False, speculative=True, multi_draft=False),
     "mpfr": Method(tree_block, keyed=True, speculative=True, multi_draft=True),
-    # baselines (ALGORITHMS §6)
+    # baselines (docs/algorithms.md §6)
     "vsps": Method(vsps_block, keyed=False, speculative=True, multi_draft=False),
     "mws": Method(mws_block, keyed=True, speculative=True, multi_draft=False),
     "mse": Method(mse_block, keyed=True, speculative=True, multi_draft=False),
@@ -111,6 +111,23 @@ def request_nonce(seed: int | None) -> bytes:
     return hashlib.sha256(b"wmark.request-seed.v1" + seed.to_bytes(16, "big", signed=True)).digest()
 
 
+def check_key_binding(key: KeyMaterial, target: LanguageModel) -> None:
+    """A key marks only text written with the tokenizer it is bound to.
+
+    The detector tokenises with the key's tokenizer; text generated with another one would be
+    read as other token IDs and never detected. Models of unknown tokenizer (raw IDs) pass.
+
+    Raises:
+        TokenizerError: the target's tokenizer is known and is not the key's.
+    """
+    actual = target.tokenizer_sha256
+    if actual is not None and actual != key.spec.tokenizer.sha256:
+        raise TokenizerError(
+            f"key {key.key_id} is bound to tokenizer {key.spec.tokenizer.sha256[:12]}, but the target's "
+            f"tokenizer is {actual[:12]}: create a key with --tokenizer pointing at this model"
+        )
+
+
 def generate(
     target: LanguageModel,
     prompt_ids: Sequence[int],
@@ -143,6 +160,8 @@ def generate(
         raise InputError(f"{config.method} needs a drafter model")
     if max(prompt_ids) >= target.vocab_size or min(prompt_ids) < 0:
         raise InputError("prompt token IDs are outside the target's vocabulary")
+    if method.keyed and key is not None:
+        check_key_binding(key, target)
 
     policy = ClockPolicy(
         key if method.keyed else None,

@@ -67,6 +67,7 @@ class FakeLM:
         self, vocab_size: int, logits_fn: LogitsFn, eos_token_ids: frozenset[int] = frozenset()
     ) -> None:
         self.vocab_size = vocab_size
+        self.tokenizer_sha256: str | None = None
         self.logits_fn = logits_fn
         self.eos_token_ids = eos_token_ids
 

@@ -166,12 +166,22 @@ class HFModel:
         model: a transformers causal LM, already prepared (`prepare_model`).
         eos_token_ids: tokens that end generation.
         name: for messages.
+        tokenizer_sha256: SHA-256 of its tokenizer.json, when known: keys bound to another
+            tokenizer are refused by `generate`.
     """
 
-    def __init__(self, model: PreTrainedModel, eos_token_ids: frozenset[int], name: str = "model") -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        eos_token_ids: frozenset[int],
+        name: str = "model",
+        *,
+        tokenizer_sha256: str | None = None,
+    ) -> None:
         self.model = model
         self.eos_token_ids = eos_token_ids
         self.name = name
+        self.tokenizer_sha256 = tokenizer_sha256
         self.vocab_size = int(model.config.vocab_size)
         self.device = (
             next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")

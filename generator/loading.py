@@ -176,9 +176,14 @@ def load_pair(
         if draft_model.config.vocab_size > target_model.config.vocab_size:
             raise BackendError("the drafter's vocabulary is larger than the target's")
     eos = _eos_ids(target_model, chat)
+    sha = hashlib.sha256(tokenizer_json).hexdigest()
     return ModelPair(
-        target=HFModel(target_model, eos, name=str(target)),
-        drafter=HFModel(draft_model, eos, name=str(drafter)) if draft_model is not None else None,
+        target=HFModel(target_model, eos, name=str(target), tokenizer_sha256=sha),
+        drafter=(
+            HFModel(draft_model, eos, name=str(drafter), tokenizer_sha256=sha)
+            if draft_model is not None
+            else None
+        ),
         chat=chat,
         tokenizer_json=tokenizer_json,
     )

@@ -8,7 +8,7 @@ text would then depend on the drafter. These kernels remove that:
 - `RowInt8Linear`: int8 weights (per output channel) times int8 activations with a scale per
   row (W8A8, fbgemm). Integer accumulation is exact in any order, and each row is scaled to
   [-1, 1] before quantisation, so no row sees another. On this CPU it is also ~5-10x faster
-  than float32 for the 1-17 rows of a speculative block (DESIGN.md §5 has the measurements).
+  than float32 for the 1-17 rows of a speculative block (docs/architecture.md §7 has the measurements).
 - `RowFloatLinear`: float32, one GEMV per row (exact but slow; for small test models).
 - `rowwise_attention`: each query row attends to exactly its visible keys (gathered in cache
   order, which equals position order along a path) with the same one-row kernel, so a tree

@@ -1,6 +1,6 @@
 """One block of watermarked decoding: basic-uwm (one token) and the PFR/MPFR draft tree.
 
-Every emitted token is the target's race winner under its position's clock (ALGORITHMS §2-5):
+Every emitted token is the target's race winner under its position's clock (docs/algorithms.md §2-5):
 
     y = argmin_v -ln U(v, 1) / P(v | context)
 

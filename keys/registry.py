@@ -106,8 +106,13 @@ class KeyRegistry:
         self.tokens = TokenStore(self.sessions)
 
     @classmethod
-    def open(cls, config: RegistryConfig, *, migrate: bool = True) -> KeyRegistry:
-        """Open (and by default migrate) the registry that `config` points at."""
+    def open(cls, config: RegistryConfig | None = None, *, migrate: bool = True) -> KeyRegistry:
+        """Open (and by default migrate) the registry that `config` points at.
+
+        Without `config`, the one the environment configures (`RegistryConfig.from_env`:
+        WMARK_HOME, WMARK_DATABASE_URL, WMARK_MASTER_KEY), as the CLI and the service use it.
+        """
+        config = RegistryConfig.from_env() if config is None else config
         master_key = MasterKey.load(config)
         engine = make_engine(config.database_url)
         try:

@@ -38,11 +38,12 @@ def unavailable(reason: str) -> None:
 
 @pytest.fixture(autouse=True)
 def _seeded_key_secrets(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keys created through the registry get secrets seeded by the test's id, not the OS.
+    """Keys created through the registry get secrets seeded by the test's name, not the OS.
 
     Several tests check that unwatermarked text is *not* flagged under a registry key; with a
     random secret that fails in 1% of runs (the p-value is uniform). Seeding makes each such test
-    deterministic, as every other random test here is.
+    deterministic, as every other random test here is. The seed is the test's name (with its
+    parameters), not its path, so moving a test file does not redraw its keys.
     """
     import hashlib
 
@@ -51,7 +52,7 @@ def _seeded_key_secrets(request: pytest.FixtureRequest, monkeypatch: pytest.Monk
     counter = iter(range(1_000_000))
 
     def seeded() -> Secret:
-        return Secret(hashlib.sha256(f"{request.node.nodeid}#{next(counter)}".encode()).digest())
+        return Secret(hashlib.sha256(f"{request.node.name}#{next(counter)}".encode()).digest())
 
     monkeypatch.setattr(registry_module, "new_secret", seeded)
 

@@ -1,4 +1,4 @@
-"""The paper's baselines on our backend, clocks and logits processing (ALGORITHMS §6).
+"""The paper's baselines on our backend, clocks and logits processing (docs/algorithms.md §6).
 
 `vsps`, `mws`, `mse` (`reweight`), `mse-pseudo` (`pseudo`) are single-draft chains
 (`chain`); `gls` (`gls`) is multi-draft list sampling. `streams` holds the randomness and the

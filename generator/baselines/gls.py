@@ -14,7 +14,7 @@ Common randomness U[p, b, v], indexed by absolute position p, draft index b = 1.
 
 Given A, min_{b in A} -ln U[p, b, v] are i.i.d. Exp(|A|) over v, so Y ~ P whatever A is: the
 output is exactly target-distributed. Rowan et al.'s published code instead emits a *fresh*
-sample of P at the stopping depth, which is biased (ALGORITHMS §6.6); `list_sampling_block`
+sample of P at the stopping depth, which is biased (docs/algorithms.md §6.6); `list_sampling_block`
 takes the stopping rule as a parameter so the tests can show that our exactness test rejects
 that variant. Unlike MPFR, the randomness is indexed by draft, not by context, so the text
 depends on the drafter (only "conditional" drafter invariance).

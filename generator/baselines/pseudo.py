@@ -1,4 +1,4 @@
-"""mse-pseudo (He et al. 2026, Algorithm 1 with the Gumbel-max reweight; ALGORITHMS §6.5).
+"""mse-pseudo (He et al. 2026, Algorithm 1 with the Gumbel-max reweight; docs/algorithms.md §6.5).
 
 MSE whose acceptance test and residual are keyed by a second key k2 instead of fresh noise:
 

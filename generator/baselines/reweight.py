@@ -1,6 +1,6 @@
 """vsps, mse and mws: plain speculative sampling and Hu & Huang's two reweighted variants.
 
-- `vsps` (Leviathan et al. 2023, Chen et al. 2023; ALGORITHMS §6.2): drafts ~ Q, accept x with
+- `vsps` (Leviathan et al. 2023, Chen et al. 2023; docs/algorithms.md §6.2): drafts ~ Q, accept x with
   probability min(1, P(x)/Q(x)), else resample norm((P - Q)_+); a bonus token ~ P after a fully
   accepted chain. All fresh randomness, no watermark. Acceptance per position is 1 - TV(P, Q).
 - `mse`, "maintain sampling efficiency" (Hu & Huang 2024, §6.4): the drafter emits the keyed race
@@ -11,7 +11,7 @@
 - `mws`, "maintain watermark strength" (§6.3): both models are reweighted with the same key,
   and speculative sampling runs between the reweighted P~ and Q~. At a keyed position both are
   point masses, so the draft stands iff the two keyed winners agree and the residual is the
-  target's winner: exactly PFR's race coupling (ALGORITHMS §3), hence the same text as `pfr`
+  target's winner: exactly PFR's race coupling (docs/algorithms.md §3), hence the same text as `pfr`
   at keyed positions.
 
 At positions that must not carry the key (repeated windows, the diversity prefix) the

@@ -4,7 +4,7 @@ Every baseline decides a position from up to three sources:
 
 - the watermark clock of the position (`Site.keyed_seed`, KEYED positions only): the same
   HMAC-SHA256 + Philox uniforms U(v, 1) as PFR, so a DeltaGumbel reweight with key k is exactly
-  the keyed race winner of the distribution (ALGORITHMS §6.1, §6.3);
+  the keyed race winner of the distribution (docs/algorithms.md §6.1, §6.3);
 - fresh randomness (`Site.fresh_seed`): acceptance tests, residual samples, drafts and targets
   at positions that must not carry the key. It is the request's unkeyed source
   (`ClockPolicy.free`, from the request seed) at the label (position, (BASELINE_STREAM, window)),

@@ -1,6 +1,6 @@
 """The baselines on tiny random transformers (built here, batch-invariant float32).
 
-`mws` and `pfr` agree at every keyed position (ALGORITHMS §6.3): both emit the target's keyed race
+`mws` and `pfr` agree at every keyed position (docs/algorithms.md §6.3): both emit the target's keyed race
 winner there. Every baseline runs one target forward per block, shares the detector's mask,
 and the watermarked ones are detected while the unwatermarked ones are not. `gls` text depends on
 the drafter (draft-indexed randomness), `mpfr` text does not.

@@ -84,7 +84,7 @@ def test_summary_statistics():
     assert pooled_anlppt([-10.0, -20.0], [10, 20]) == 1.0
 
 
-def test_text_pivots_equal_the_production_detector(word_key, planted):
+def test_text_pivots_read_the_prompt_tail_and_the_second_key(word_key, planted):
     rng = np.random.default_rng(4)
     ids = planted(word_key, 120, rng)
     ids = ids + ids[10:40]  # repeated windows: masked in both
