@@ -19,6 +19,7 @@ from wmark.api import audit_routes, detect_routes, health_routes, key_routes, pa
 from wmark.api.deps import Service
 from wmark.api.detectors import DetectorCache
 from wmark.api.errors import install_error_handlers
+from wmark.api.generate_settings import GenerationSettings
 from wmark.api.limits import BodyLimitMiddleware, RateLimiter
 from wmark.api.metrics import Metrics, MetricsMiddleware
 from wmark.api.settings import Settings
@@ -33,18 +34,23 @@ _DESCRIPTION = """\
 Detects wmark watermarks with exact p-values, and keeps a hash-chained audit log of every answer.
 
 Authenticate with `Authorization: Bearer <token>` (tokens from `wmark tokens create --role ROLE`).
-Roles: `detector` (POST /v1/detect*), `auditor` (GET /v1/audit*, /metrics), `admin` (/v1/keys*,
-and everything the other roles may do). Errors are JSON `{"code", "message"}`.
+Roles: `detector` (POST /v1/detect*), `auditor` (GET /v1/audit*, /metrics), `generator`
+(/v1/chat/completions, /v1/completions, /v1/models, when the service generates: `wmark serve
+--generate`), `admin` (/v1/keys*, and everything the other roles may do). Errors are JSON
+`{"code", "message"}`, except on the OpenAI-compatible routes: `{"error": {"message", "type", "code"}}`.
 """
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, generation: GenerationSettings | None = None) -> FastAPI:
     """Build the service.
 
     Args:
         settings: the settings; default `Settings.from_env()`.
+        generation: serve watermarked generation with these settings; default
+            `GenerationSettings.from_env()` (None, so off, unless WMARK_GENERATE_TARGET is set).
     """
     settings = settings if settings is not None else Settings.from_env()
+    generation = generation if generation is not None else GenerationSettings.from_env()
     metrics = Metrics()
 
     @asynccontextmanager
@@ -64,9 +70,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             auth_limiter=RateLimiter(settings.auth_fail_per_second, settings.auth_fail_burst),
             metrics=metrics,
         )
+        generator = None
+        if generation is not None:  # torch loads only here
+            from wmark.api.generation import Generation
+
+            generator = await run_in_threadpool(Generation.start, generation, registry, metrics)
+            app.state.generation = generator
         try:
             yield
         finally:
+            if generator is not None:
+                await run_in_threadpool(generator.close)
             registry.close()
 
     app = FastAPI(
@@ -80,6 +94,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if generation is not None:
+        from wmark.api import generate_routes
+        from wmark.api.openai_errors import OpenAIErrorMiddleware
+
+        app.include_router(generate_routes.router)
+        app.add_middleware(OpenAIErrorMiddleware, paths=generate_routes.OPENAI_PATHS)  # reshapes 413s too
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees 413s too
     for module in (detect_routes, key_routes, audit_routes, health_routes, page):
         app.include_router(module.router)

@@ -1,4 +1,5 @@
-"""Prometheus metrics: requests by route and status, latency, detections by verdict, auth failures.
+"""Prometheus metrics: requests by route and status, latency, detections by verdict, auth failures,
+and (when the service generates) generated tokens, AATPS, and the generation queue's length.
 
 With several worker processes (`wmark serve --workers N`), `wmark serve` points
 PROMETHEUS_MULTIPROC_DIR at a fresh directory before the workers start; each worker then writes
@@ -10,13 +11,22 @@ from __future__ import annotations
 import os
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsMiddleware"]
 
 _LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# tokens per target forward pass: 1.0 without speculation, up to L + 1 with it
+_AATPS_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 
 
 class Metrics:
@@ -48,6 +58,24 @@ class Metrics:
         )
         self.detector_builds = Counter(
             "wmark_detector_builds", "Detectors built (after key changes)", registry=self.registry
+        )
+        self.generated_tokens = Counter(
+            "wmark_generated_tokens", "Tokens generated (watermarked)", registry=self.registry
+        )
+        self.generations = Counter(
+            "wmark_generations", "Generations by finish reason", ["finish_reason"], registry=self.registry
+        )
+        self.aatps = Histogram(
+            "wmark_generation_aatps",
+            "Average accepted tokens per target forward pass, per generation",
+            buckets=_AATPS_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_length = Gauge(
+            "wmark_generation_queue_length",
+            "Generation requests waiting for the model",
+            multiprocess_mode="livesum",
+            registry=self.registry,
         )
 
     def render(self) -> bytes:

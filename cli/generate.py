@@ -10,28 +10,14 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from wmark.cli.common import err_console, open_registry, print_json
-from wmark.errors import InputError, KeyRegistryError
+from wmark.errors import InputError
 from wmark.generator.names import METHOD_NAMES
 from wmark.keymaterial import KeyMaterial
-from wmark.keys import KeyRegistry
 
 if TYPE_CHECKING:  # torch and transformers load only when a command generates
     from wmark.generator.engine import SamplerConfig
     from wmark.generator.loading import ModelPair
     from wmark.generator.result import GenerationResult
-
-
-def pick_key(registry: KeyRegistry, key_id: str | None) -> KeyMaterial:
-    """The key to generate with: the one asked for, or the only active key."""
-    if key_id is not None:
-        return registry.material(key_id, for_generation=True)
-    active = registry.list_keys("active")
-    if not active:
-        raise KeyRegistryError("no active key: create one with `wmark keys create NAME`")
-    if len(active) > 1:
-        ids = ", ".join(k.key_id for k in active)
-        raise KeyRegistryError(f"several active keys ({ids}): choose one with --key")
-    return registry.material(active[0].key_id, for_generation=True)
 
 
 def load_with_status(target: str, drafter: str | None, device: str, precision: str) -> ModelPair:
@@ -153,7 +139,7 @@ def generate_cmd(
     material = None
     if spec.keyed:
         with open_registry() as registry:
-            material = pick_key(registry, key)
+            material = registry.generation_key(key)
     pair = load_with_status(target, drafter if spec.speculative else None, device, precision)
     result = run_generation(
         pair, pair.encode_prompt(prompt, chat=chat), config, material, seed, quiet=as_json

@@ -1,4 +1,9 @@
-"""`wmark serve` (the detection service under uvicorn) and `wmark migrate` (bring the schema up to date)."""
+"""`wmark serve` (the detection service under uvicorn, optionally generating too) and `wmark migrate`.
+
+Generation is a switch of the same service rather than a command of its own: generated text is
+audited in the same log, detected by the same keys, and served behind the same tokens, rate
+limits and metrics, so one process does both.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,9 @@ from typing import Annotated
 
 import typer
 
+from wmark.api.generate_settings import GenerationSettings
 from wmark.cli.common import console
+from wmark.generator.names import METHOD_NAMES
 from wmark.keys import KeyRegistry, RegistryConfig
 from wmark.keys.db import head_revision
 
@@ -35,16 +42,68 @@ def serve(
     access_log: Annotated[
         bool, typer.Option("--access-log/--no-access-log", help="Log each request.")
     ] = True,
+    generate: Annotated[
+        bool,
+        typer.Option(
+            "--generate",
+            help="Also serve watermarked generation (OpenAI-compatible chat and completions).",
+        ),
+    ] = False,
+    target: Annotated[
+        str, typer.Option(help="--generate: 'embedded', a local model dir, or a cached HF model id.")
+    ] = "embedded",
+    drafter: Annotated[str, typer.Option(help="--generate: the drafter, as --target.")] = "embedded",
+    method: Annotated[str, typer.Option(help=f"--generate: sampler ({', '.join(METHOD_NAMES)}).")] = "mpfr",
+    key: Annotated[
+        str | None, typer.Option(help="--generate: watermark key id (default: the only active key).")
+    ] = None,
+    model_name: Annotated[
+        str | None, typer.Option(help="--generate: the `model` clients send (default: the target's name).")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="--generate: most tokens per request.")] = 512,
+    max_prompt_tokens: Annotated[
+        int, typer.Option(min=1, help="--generate: longest prompt, in tokens after the chat template.")
+    ] = 4096,
+    queue: Annotated[
+        int, typer.Option(min=0, help="--generate: requests that may wait for the model (more get 429).")
+    ] = 8,
+    device: Annotated[str, typer.Option(help="--generate: cpu or cuda.")] = "cpu",
+    precision: Annotated[
+        str,
+        typer.Option(
+            help="--generate: auto (int8 on CPU, bf16 on CUDA), int8, exact-fp32, fp32, bf16, fp16."
+        ),
+    ] = "auto",
 ) -> None:
-    """Run the detection service (REST API, web page at /, metrics at /metrics).
+    """Run the detection service (REST API, web page at /, metrics at /metrics); with --generate,
+    also watermarked generation for `generator` tokens, from one loaded model pair.
 
     \b
     Examples:
       wmark serve
       WMARK_DATABASE_URL=postgresql+psycopg://wmark@db/wmark wmark serve --host 0.0.0.0 --workers 4
+      wmark serve --generate --method mpfr --key wk_0123456789ab
     """
     import uvicorn
 
+    if generate:
+        if workers != 1:
+            raise typer.BadParameter(
+                "--generate serves one model pair: use --workers 1", param_hint="--workers"
+            )
+        settings = GenerationSettings(
+            target=target,
+            drafter=drafter,
+            method=method,
+            key_id=key,
+            model_name=model_name,
+            device=device,
+            precision=precision,
+            max_tokens=max_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            max_queue=queue,
+        )
+        os.environ.update(settings.to_env())  # the worker's create_app reads them
     if run_migrations:
         migrate()
     metrics_dir = None

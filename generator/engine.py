@@ -138,6 +138,8 @@ def generate(
     seed: int | None = None,
     decode: Callable[[Sequence[int]], str] | None = None,
     on_block: Callable[[int], None] | None = None,
+    on_emit: Callable[[Sequence[int]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> GenerationResult:
     """Generate from `prompt_ids` with the configured sampler.
 
@@ -150,6 +152,9 @@ def generate(
         seed: makes the unkeyed randomness reproducible; None draws it from the OS.
         decode: token IDs -> text, for `GenerationResult.text`.
         on_block: called after each block with the number of tokens generated so far (progress bars).
+        on_emit: called after each block with the tokens it emitted (streaming).
+        should_stop: asked before each block; True ends generation there with stop_reason
+            "cancelled" (a server stops the generation of a client that went away).
     """
     method = METHODS[config.method]
     if not prompt_ids:
@@ -184,6 +189,9 @@ def generate(
     stop_reason = "length"
     start = time.perf_counter()
     while len(tokens) - len(prompt_ids) < config.max_new_tokens:
+        if should_stop is not None and should_stop():
+            stop_reason = "cancelled"
+            break
         remaining = config.max_new_tokens - (len(tokens) - len(prompt_ids))
         block = method.block(
             BlockInputs(
@@ -213,6 +221,8 @@ def generate(
             tokens.append(emission.token)
         if on_block is not None:
             on_block(len(tokens) - len(prompt_ids))
+        if on_emit is not None:
+            on_emit(tokens[len(tokens) - len(block.emitted) :])
         if tokens[-1] in eos:
             stop_reason = "eos"
             break

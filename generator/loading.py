@@ -10,7 +10,7 @@ chat template, whose special tokens the tokenizer.json maps to their IDs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,13 +111,23 @@ class ModelPair:
         """Prompt token IDs: through the chat template (default) or raw."""
         if not prompt.strip():
             raise InputError("the prompt is empty")
-        text = prompt
         if chat:
-            if not getattr(self.chat, "chat_template", None):
-                raise InputError("this model has no chat template: use --raw")
             messages = [{"role": "system", "content": system}] if system else []
             messages.append({"role": "user", "content": prompt})
-            text = str(self.chat.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+            return self.encode_messages(messages)
+        return self._encode(prompt)
+
+    def encode_messages(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Token IDs of a conversation (`{"role", "content"}` dicts) through the chat template,
+        ending with the assistant's turn to speak."""
+        if not getattr(self.chat, "chat_template", None):
+            raise InputError("this model has no chat template: use --raw")
+        rendered = self.chat.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
+        )
+        return self._encode(str(rendered))
+
+    def _encode(self, text: str) -> list[int]:
         ids = [int(i) for i in self._tokenizer.encode(text, add_special_tokens=False).ids]
         if not ids:
             raise InputError("the prompt has no tokens in this model's vocabulary")

@@ -43,7 +43,7 @@ class GenerationResult:
         masked_positions: generated indices whose window repeated (or had none): unkeyed, unscored.
         diverse_positions: generated indices drawn from the request's unkeyed diversity prefix.
         target_forwards / draft_forwards: forward passes of each model.
-        stop_reason: "eos" or "length".
+        stop_reason: "eos", "length", or "cancelled" (stopped by the caller between blocks).
         timings: where the time went.
     """
 

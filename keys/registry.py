@@ -21,7 +21,14 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 from tokenizers import Tokenizer as TokenizersTokenizer
 
-from wmark.errors import InputError, KeyNotFoundError, KeyRevokedError, MasterKeyError, TokenizerError
+from wmark.errors import (
+    InputError,
+    KeyNotFoundError,
+    KeyRegistryError,
+    KeyRevokedError,
+    MasterKeyError,
+    TokenizerError,
+)
 from wmark.keymaterial import KeyMaterial, KeyStatus
 from wmark.keys.audit import AuditEntry, AuditLog, write_transaction
 from wmark.keys.config import RegistryConfig
@@ -283,6 +290,23 @@ class KeyRegistry:
                     f"key {key_id} is retired (rotated to {row.replaced_by}); generate with that one"
                 )
             return self._unseal(row)
+
+    def generation_key(self, key_id: str | None = None) -> KeyMaterial:
+        """The key to generate with: `key_id`, or else the only active key.
+
+        Raises:
+            KeyRegistryError: no key given and none or several are active.
+            KeyRevokedError: the key is revoked or retired.
+        """
+        if key_id is not None:
+            return self.material(key_id, for_generation=True)
+        active = self.list_keys("active")
+        if not active:
+            raise KeyRegistryError("no active key: create one with `wmark keys create NAME`")
+        if len(active) > 1:
+            ids = ", ".join(k.key_id for k in active)
+            raise KeyRegistryError(f"several active keys ({ids}): choose one with --key")
+        return self.material(active[0].key_id, for_generation=True)
 
     def detection_keys(self, key_ids: Sequence[str] | None = None) -> list[KeyMaterial]:
         """Keys to detect with: the given ones, or every active and retired key."""

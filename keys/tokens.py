@@ -2,8 +2,9 @@
 
 A token reads `wmt_<id>_<secret>`: the id (12 hex digits) finds the row, the 256-bit secret
 proves possession. Only SHA-256 of the whole token is stored, so the database cannot give a
-token back. Roles: `detector` (detect), `auditor` (read the audit log and metrics) and `admin`
-(keys, and everything the other two may do). Creating and revoking a token is audited.
+token back. Roles: `detector` (detect), `auditor` (read the audit log and metrics), `generator`
+(watermarked generation, when the service serves it) and `admin` (keys, and everything the
+others may do). Creating and revoking a token is audited.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from wmark.keys.models import ApiToken, utcnow
 
 __all__ = ["ROLES", "IssuedToken", "Role", "TokenInfo", "TokenNotFoundError", "TokenStore", "TokenRejected"]
 
-Role = Literal["admin", "detector", "auditor"]
+Role = Literal["admin", "detector", "auditor", "generator"]
 ROLES: tuple[Role, ...] = get_args(Role)
 PREFIX = "wmt"
 _TOKEN = re.compile(r"^wmt_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")

@@ -1,0 +1,277 @@
+"""POST /v1/chat/completions and /v1/completions (OpenAI-compatible, watermarked), GET /v1/models.
+
+Each request is checked (model name, limits, the server's key) before it queues, so bad input
+gets a 4xx and never a broken stream. Then it waits for the model pair (`Generation`), and its
+answer comes whole or, with `stream: true`, as server-sent events exactly as OpenAI's API sends
+them, ending with `data: [DONE]`. A client that goes away cancels its generation at the next
+block. wmark's fields (key id, AATPS, method, audit row) are in the extension field `wmark`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from wmark.api.deps import require
+from wmark.api.generation import Failed, Finished, Generation, Job, Tokens
+from wmark.api.openai_errors import error_type
+from wmark.api.openai_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    completion_object,
+    error_chunk,
+    response_id,
+    sse,
+    usage,
+)
+from wmark.errors import InputError, WmarkError
+from wmark.generator.result import GenerationResult
+from wmark.keys.audit import text_digest
+from wmark.keys.tokens import TokenInfo
+
+__all__ = ["OPENAI_PATHS", "router"]
+
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+
+router = APIRouter(tags=["generate"])
+GeneratorToken = Annotated[TokenInfo, Depends(require("generator"))]
+
+_FINISH = {"eos": "stop", "length": "length"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "Malformed request, or past the configured limits"},
+    401: {"description": "Missing or invalid token"},
+    403: {"description": "The token's role may not generate"},
+    404: {"description": "Unknown model"},
+    429: {"description": "Rate limit, or the generation queue is full (see Retry-After)"},
+}
+
+
+class ModelNotFound(WmarkError):
+    """The request names a model this server does not serve."""
+
+    code = "model_not_found"
+    status = 404
+
+
+class LimitExceeded(InputError):
+    """The prompt or the token budget is past the server's limits."""
+
+    code = "context_length_exceeded"
+    status = 400
+
+
+async def get_generation(request: Request) -> Generation:
+    """The app's generation service."""
+    generation: Generation = request.app.state.generation
+    return generation
+
+
+GenerationDep = Annotated[Generation, Depends(get_generation)]
+
+
+@router.get("/v1/models", responses=_ERRORS)
+async def list_models(_token: GeneratorToken, generation: GenerationDep) -> dict[str, Any]:
+    """The one model this server generates with."""
+    return {
+        "object": "list",
+        "data": [
+            {"id": generation.settings.model_name, "object": "model", "created": 0, "owned_by": "wmark"}
+        ],
+    }
+
+
+@router.post("/v1/chat/completions", responses=_ERRORS)
+async def chat_completions(
+    body: ChatCompletionRequest, token: GeneratorToken, generation: GenerationDep, request: Request
+) -> Response:
+    """Watermarked chat completion (the target's chat template, then the server's sampler and key)."""
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    return await _complete(
+        generation, body, token, request, chat=True, encode=lambda: generation.pair.encode_messages(messages)
+    )
+
+
+@router.post("/v1/completions", responses=_ERRORS)
+async def completions(
+    body: CompletionRequest, token: GeneratorToken, generation: GenerationDep, request: Request
+) -> Response:
+    """Watermarked completion of a raw prompt (no chat template)."""
+    prompt = body.digest_source()
+    return await _complete(
+        generation,
+        body,
+        token,
+        request,
+        chat=False,
+        encode=lambda: generation.pair.encode_prompt(prompt, chat=False),
+    )
+
+
+async def _complete(
+    generation: Generation,
+    body: ChatCompletionRequest | CompletionRequest,
+    token: TokenInfo,
+    request: Request,
+    *,
+    chat: bool,
+    encode: Callable[[], list[int]],
+) -> Response:
+    settings = generation.settings
+    if body.model != settings.model_name:
+        raise ModelNotFound(f"this server generates with model {settings.model_name!r} only")
+    budget = body.budget() or settings.max_tokens
+    if budget > settings.max_tokens:
+        raise LimitExceeded(f"max_tokens is {budget}; this server allows at most {settings.max_tokens}")
+    prompt_ids = await run_in_threadpool(encode)
+    if len(prompt_ids) > settings.max_prompt_tokens:
+        raise LimitExceeded(
+            f"the prompt has {len(prompt_ids)} tokens; the limit is {settings.max_prompt_tokens}"
+        )
+    key = await run_in_threadpool(generation.key)
+    job = Job(
+        prompt_ids=prompt_ids,
+        config=generation.sampler(
+            max_tokens=budget, temperature=body.temperature or 1.0, top_p=body.top_p or 1.0
+        ),
+        key=key,
+        seed=body.seed,
+        actor=token.actor,
+        audit={
+            "endpoint": request.url.path,
+            "prompt_sha256": text_digest(body.digest_source()),
+            "stream": body.stream,
+        },
+    )
+    generation.submit(job)
+    reply = _Reply(chat=chat, model=settings.model_name or "", decode=generation.pair.decode)
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamingResponse(
+            _stream(job, reply, include_usage=include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    finished = await _unless_disconnected(job.finished(), request)
+    if finished is None:
+        job.cancel()
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+    return JSONResponse(reply.whole(finished))
+
+
+class _Reply:
+    """Builds one request's response objects, and its text as the tokens come."""
+
+    def __init__(self, *, chat: bool, model: str, decode: Callable[[Sequence[int]], str]) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = response_id(chat)
+        self.created = int(time.time())
+        self._decode = decode
+        self._ids: list[int] = []
+        self._sent = ""
+
+    def delta(self, ids: Sequence[int]) -> str:
+        """The text the new tokens add, held back while it ends mid-character (byte-level BPE)
+        or is not yet an extension of what was sent (a decoder that rewrites earlier text)."""
+        self._ids.extend(ids)
+        text = self._decode(self._ids)
+        if text.endswith("\ufffd") or not text.startswith(self._sent):
+            return ""
+        new, self._sent = text[len(self._sent) :], text
+        return new
+
+    def rest(self, result: GenerationResult) -> str:
+        """What the stream has not sent of the final text."""
+        return result.text[len(self._sent) :] if result.text.startswith(self._sent) else ""
+
+    def chunk(self, text: str = "", **fields: Any) -> dict[str, Any]:
+        """A stream chunk."""
+        return completion_object(
+            self.chat, id=self.id, created=self.created, model=self.model, text=text, chunk=True, **fields
+        )
+
+    def whole(self, finished: Finished) -> dict[str, Any]:
+        """The non-streamed response."""
+        result = finished.result
+        return completion_object(
+            self.chat,
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            text=result.text,
+            finish_reason=_FINISH.get(result.stop_reason, "stop"),
+            usage=usage(len(result.prompt_ids), len(result.token_ids)),
+            wmark=_extension(finished),
+        )
+
+
+def _extension(finished: Finished) -> dict[str, Any]:
+    result = finished.result
+    return {
+        "key_id": result.key_id,
+        "aatps": round(result.aatps, 4),
+        "method": result.method,
+        "tokens_per_s": round(result.tokens_per_s, 2),
+        "audit_seq": finished.audit_seq,
+    }
+
+
+async def _stream(job: Job, reply: _Reply, *, include_usage: bool) -> AsyncIterator[bytes]:
+    """The server-sent events of one generation. Starlette cancels this when the client goes
+    away; the `finally` then cancels the generation."""
+    try:
+        if reply.chat:
+            yield sse(reply.chunk(role=True))
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Tokens):
+                text = reply.delta(event.ids)
+                if text:
+                    yield sse(reply.chunk(text))
+                continue
+            if isinstance(event, Failed):
+                error = event.error
+                status = error.status if isinstance(error, WmarkError) else 500
+                message = (
+                    str(error) if isinstance(error, WmarkError) else "internal error (logged on the server)"
+                )
+                code = error.code if isinstance(error, WmarkError) else "internal_error"
+                yield sse(error_chunk(message, error_type(status), code))
+                return
+            assert isinstance(event, Finished)
+            result = event.result
+            finish = _FINISH.get(result.stop_reason, "stop")
+            yield sse(reply.chunk(reply.rest(result), finish_reason=finish, wmark=_extension(event)))
+            if include_usage:
+                yield sse(
+                    reply.chunk(usage=usage(len(result.prompt_ids), len(result.token_ids)), choices=False)
+                )
+            yield sse("[DONE]")
+            return
+    finally:
+        job.cancel()
+
+
+async def _unless_disconnected(work: Awaitable[Finished], request: Request) -> Finished | None:
+    """`work`'s result, or None if the client disconnects first."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    return None

@@ -1,0 +1,106 @@
+"""Settings of the generation endpoints, read from `WMARK_GENERATE_*` (set by `wmark serve --generate`).
+
+Generation is off unless `WMARK_GENERATE_TARGET` names a model: the detection service then has
+no generation routes and loads no model. The watermark key is the server's choice
+(`WMARK_GENERATE_KEY`, else the only active key), never the request's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from wmark.api.settings import _number
+from wmark.errors import InputError
+
+__all__ = ["GenerationSettings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationSettings:
+    """How the service generates.
+
+    Attributes:
+        target: "embedded", a local model directory or a cached HF model id (`WMARK_GENERATE_TARGET`).
+        drafter: the drafter, or None to generate without one (`WMARK_GENERATE_DRAFTER`).
+        method: the sampler (`WMARK_GENERATE_METHOD`; default mpfr with a drafter, else basic-uwm).
+        key_id: the watermark key, or None for the only active key (`WMARK_GENERATE_KEY`); looked
+            up for each request, so a rotation takes effect without a restart.
+        model_name: the `model` clients must send (`WMARK_GENERATE_MODEL_NAME`; default the
+            target's directory name, or "embedded").
+        device, precision: where and how the models run (`WMARK_GENERATE_DEVICE`, `..._PRECISION`).
+        max_tokens: most tokens one request may ask for, and the default (`WMARK_GENERATE_MAX_TOKENS`).
+        max_prompt_tokens: longest prompt after the chat template (`WMARK_GENERATE_MAX_PROMPT_TOKENS`).
+        max_queue: requests that may wait for the model while one generates; more get 429
+            (`WMARK_GENERATE_QUEUE`).
+        top_k: top-k of both models (`WMARK_GENERATE_TOP_K`; 0: off). OpenAI's API has no top_k.
+    """
+
+    target: str
+    drafter: str | None = None
+    method: str | None = None
+    key_id: str | None = None
+    model_name: str | None = None
+    device: str = "cpu"
+    precision: str = "auto"
+    max_tokens: int = 512
+    max_prompt_tokens: int = 4096
+    max_queue: int = 8
+    top_k: int = 50
+
+    def __post_init__(self) -> None:
+        if self.method is None:
+            object.__setattr__(self, "method", "mpfr" if self.drafter else "basic-uwm")
+        if self.model_name is None:
+            name = "embedded" if self.target == "embedded" else Path(self.target).name or self.target
+            object.__setattr__(self, "model_name", name)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> GenerationSettings | None:
+        """The settings, or None when `WMARK_GENERATE_TARGET` is unset (generation off)."""
+        env = os.environ if env is None else env
+        target = env.get("WMARK_GENERATE_TARGET", "").strip()
+        if not target:
+            return None
+
+        def text(name: str) -> str | None:
+            return env.get(name, "").strip() or None
+
+        def count(name: str, default: int, minimum: int) -> int:
+            value = _number(env, name, default, minimum=minimum)
+            if value != int(value):
+                raise InputError(f"{name} must be a whole number, got {env[name]!r}")
+            return int(value)
+
+        return cls(
+            target=target,
+            drafter=text("WMARK_GENERATE_DRAFTER"),
+            method=text("WMARK_GENERATE_METHOD"),
+            key_id=text("WMARK_GENERATE_KEY"),
+            model_name=text("WMARK_GENERATE_MODEL_NAME"),
+            device=text("WMARK_GENERATE_DEVICE") or "cpu",
+            precision=text("WMARK_GENERATE_PRECISION") or "auto",
+            max_tokens=count("WMARK_GENERATE_MAX_TOKENS", 512, 1),
+            max_prompt_tokens=count("WMARK_GENERATE_MAX_PROMPT_TOKENS", 4096, 1),
+            max_queue=count("WMARK_GENERATE_QUEUE", 8, 0),
+            top_k=count("WMARK_GENERATE_TOP_K", 50, 0),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The variables `from_env` reads back (how `wmark serve` hands them to its worker)."""
+        values = {
+            "TARGET": self.target,
+            "DRAFTER": self.drafter,
+            "METHOD": self.method,
+            "KEY": self.key_id,
+            "MODEL_NAME": self.model_name,
+            "DEVICE": self.device,
+            "PRECISION": self.precision,
+            "MAX_TOKENS": self.max_tokens,
+            "MAX_PROMPT_TOKENS": self.max_prompt_tokens,
+            "QUEUE": self.max_queue,
+            "TOP_K": self.top_k,
+        }
+        return {f"WMARK_GENERATE_{k}": str(v) for k, v in values.items() if v is not None}
