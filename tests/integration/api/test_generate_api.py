@@ -1,0 +1,403 @@
+"""`wmark serve --generate` with the official `openai` client against a real uvicorn server.
+
+Tiny random word-level models built here (`word_model_dir`, with a chat template added). The
+streamed text is detected under the served key; every generation is audited; bad input gets
+OpenAI's error shape and the client's own exception types; a client that leaves stops its
+generation and a full queue answers 429. The disconnect and queue tests hold the model at a gate
+(a sampler that waits for the test's permission before each block), so they are bounded by the
+engine's progress, not by the clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from wmark.api import Settings, create_app
+from wmark.api.generate_settings import GenerationSettings
+from wmark.cli.main import app as cli_app
+from wmark.generator import engine
+from wmark.keys import KeyRegistry, RegistryConfig
+
+MODEL = "tiny"
+PROMPT = "w10 w11 w12 w13 w14 w15 w16 w17 w18 w19"
+WAIT_S = 120  # a safety net only: every wait below ends on a state change long before
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory, word_model_dir) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    out = {"target": word_model_dir(root / "target", 0), "drafter": word_model_dir(root / "drafter", 1)}
+    for path in out.values():  # the word models have no chat template: a plain one
+        (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
+    return out
+
+
+@dataclass
+class Served:
+    url: str
+    registry: KeyRegistry
+    key_id: str
+    tokens: dict[str, str]
+    app: object
+
+    def client(self, role: str = "generator", **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.tokens[role], max_retries=0, **kwargs)
+
+    @property
+    def generation(self):
+        return self.app.state.generation  # type: ignore[attr-defined]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _until(condition: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _setup_registry(target: Path) -> tuple[KeyRegistry, str, dict[str, str]]:
+    registry = KeyRegistry.open(RegistryConfig.from_env())  # SQLite under this test's WMARK_HOME
+    ref = registry.add_tokenizer((target / "tokenizer.json").read_bytes(), "words")
+    key = registry.create_key("served", ref)
+    roles = ("generator", "detector", "auditor", "admin")
+    tokens = {r: registry.tokens.create(r, f"{r}-test", actor="test").token for r in roles}
+    return registry, key.key_id, tokens
+
+
+@contextmanager
+def served(dirs: dict[str, Path], **generation: object) -> Iterator[Served]:
+    """create_app under uvicorn in a thread of this process (the test can reach its queue)."""
+    registry, key_id, tokens = _setup_registry(dirs["target"])
+    options = {
+        "target": str(dirs["target"]),
+        "drafter": str(dirs["drafter"]),
+        "method": "mpfr",
+        "model_name": MODEL,
+        "precision": "exact-fp32",
+        "max_tokens": 160,
+        "max_prompt_tokens": 64,
+    }
+    options.update(generation)
+    settings = Settings(
+        registry=RegistryConfig.from_env(),
+        migrate=True,
+        rate_per_second=1000.0,
+        rate_burst=1000,
+        auth_fail_per_second=1000.0,
+        auth_fail_burst=1000,
+    )
+    app = create_app(settings, GenerationSettings(**options))  # type: ignore[arg-type]
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    _until(lambda: server.started or not thread.is_alive(), "the server to start")
+    assert server.started, "the server did not start"
+    try:
+        yield Served(f"http://127.0.0.1:{port}", registry, key_id, tokens, app)
+    finally:
+        server.should_exit = True
+        thread.join(WAIT_S)
+        registry.close()
+
+
+def _generations(registry: KeyRegistry) -> list:
+    return registry.audit.page(limit=1000, action="generate")[::-1]  # oldest first
+
+
+def _detect(text: str, tmp_path: Path) -> dict:
+    path = tmp_path / f"{hashlib.sha256(text.encode()).hexdigest()[:8]}.txt"
+    path.write_text(text)
+    result = CliRunner().invoke(cli_app, ["detect", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_chat_and_completions_stream_and_detect_under_the_served_key(dirs, tmp_path):
+    with served(dirs) as srv:
+        client = srv.client()
+        assert [m.id for m in client.models.list().data] == [MODEL]
+        messages = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": PROMPT}]
+        whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120, seed=3)
+        choice = whole.choices[0]
+        assert whole.object == "chat.completion" and choice.message.role == "assistant"
+        assert choice.finish_reason == "length"  # the word models never emit EOS (see conftest)
+        assert whole.usage.completion_tokens == 120
+        assert whole.usage.prompt_tokens == 12 and whole.usage.total_tokens == 132
+        ext = whole.model_extra["wmark"]
+        assert ext["key_id"] == srv.key_id and ext["method"] == "mpfr" and ext["aatps"] >= 1.0
+
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=120,
+            seed=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        last = chunks[-2]  # then the usage-only chunk
+        assert last.choices[0].finish_reason == "length" and last.model_extra["wmark"]["key_id"] == srv.key_id
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 120
+        assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 10  # it streamed
+        # the same seed and key give the same text, streamed or not
+        assert streamed == choice.message.content
+        detection = _detect(streamed, tmp_path)
+        assert detection["verdict"] == "watermarked" and detection["key_id"] == srv.key_id
+
+        text = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=120, temperature=0.9, top_p=0.95
+        )
+        assert text.object == "text_completion" and text.usage.prompt_tokens == 10
+        pieces = list(client.completions.create(model=MODEL, prompt=[PROMPT], max_tokens=120, stream=True))
+        streamed_text = "".join(p.choices[0].text for p in pieces)
+        assert pieces[-1].choices[0].finish_reason == "length"
+        for generated in (text.choices[0].text, streamed_text):
+            assert _detect(generated, tmp_path)["verdict"] == "watermarked"
+
+        # the raw stream is OpenAI's: only `data:` events, each followed by a blank line, [DONE] last
+        headers = {"Authorization": f"Bearer {srv.tokens['generator']}"}
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 5, "stream": True}
+        raw = httpx.post(f"{srv.url}/v1/completions", json=body, headers=headers, timeout=WAIT_S)
+        assert raw.headers["content-type"].startswith("text/event-stream")
+        events = raw.text.split("\n\n")
+        assert events[-1] == "" and events[-2] == "data: [DONE]"
+        assert all(e.startswith("data: {") for e in events[:-2])
+
+        # every generation audited: digests, key, counts; never the text
+        rows = _generations(srv.registry)
+        assert len(rows) == 5
+        assert {r.actor for r in rows} == {f"token:{srv.tokens['generator'].split('_')[1]}"}
+        assert all(r.key_ids == (srv.key_id,) for r in rows)
+        first = rows[0]
+        assert first.text_sha256 == hashlib.sha256(choice.message.content.encode()).hexdigest()
+        assert first.result["completion_tokens"] == 120 and first.result["prompt_tokens"] == 12
+        assert (
+            first.result["endpoint"] == "/v1/chat/completions" and first.result["finish_reason"] == "length"
+        )
+        assert rows[2].result["prompt_sha256"] == hashlib.sha256(PROMPT.encode()).hexdigest()
+        assert ext["audit_seq"] == first.seq
+        dump = json.dumps([r.to_dict() for r in rows])
+        assert PROMPT not in dump and choice.message.content[:40] not in dump
+
+        metrics = httpx.get(
+            f"{srv.url}/metrics", headers={"Authorization": f"Bearer {srv.tokens['auditor']}"}
+        )
+        lines = metrics.text.splitlines()
+        assert f"wmark_generated_tokens_total {4 * 120 + 5}.0" in lines
+        assert "wmark_generation_aatps_count 5.0" in lines
+        assert "wmark_generation_queue_length 0.0" in lines
+        assert 'wmark_generations_total{finish_reason="length"} 5.0' in lines
+
+
+def _error(exc: openai.APIStatusError) -> dict:
+    body = exc.response.json()
+    assert set(body) == {"error"} and {"message", "type", "code"} <= set(body["error"])
+    return body["error"]
+
+
+def test_bad_input_gets_openai_errors_the_client_raises(dirs):
+    with served(dirs, max_tokens=50, max_prompt_tokens=20) as srv:
+        client = srv.client()
+        good = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+        bad_requests = [
+            ({"messages": []}, "validation_error"),
+            ({"messages": [{"role": "user", "content": "  "}]}, "validation_error"),
+            ({"messages": [{"role": "robot", "content": "w1"}]}, "validation_error"),
+            ({"messages": [{"content": "w1"}]}, "validation_error"),
+            ({"messages": "w1 w2"}, "validation_error"),
+            ({"max_tokens": 51}, "context_length_exceeded"),
+            ({"max_tokens": 0}, "validation_error"),
+            ({"max_tokens": "4"}, "validation_error"),
+            ({"temperature": 0}, "validation_error"),
+            ({"temperature": "hot"}, "validation_error"),
+            ({"top_p": 1.5}, "validation_error"),
+            ({"n": 2}, "validation_error"),
+            ({"stop": ["w3"]}, "validation_error"),
+            ({"stream": "yes"}, "validation_error"),
+            ({"messages": [{"role": "user", "content": " ".join(["w1"] * 21)}]}, "context_length_exceeded"),
+        ]
+        for change, code in bad_requests:
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(**{**good, **change})
+            error = _error(caught.value)
+            assert (error["code"], error["type"]) == (code, "invalid_request_error"), (change, error)
+            assert caught.value.status_code == 400
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=MODEL, prompt=[PROMPT, PROMPT], max_tokens=4)
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=MODEL, prompt="", max_tokens=4)
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.chat.completions.create(**{**good, "model": "gpt-4o"})
+        assert _error(caught.value)["code"] == "model_not_found"
+        for role in ("detector", "auditor"):
+            with pytest.raises(openai.PermissionDeniedError) as caught:
+                srv.client(role).chat.completions.create(**good)
+            assert _error(caught.value)["type"] == "permission_error"
+        bad_token = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="nonsense", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as caught:
+            bad_token.chat.completions.create(**good)
+        assert _error(caught.value)["type"] == "authentication_error"
+        with pytest.raises(openai.AuthenticationError):
+            bad_token.models.list()
+
+        headers = {"Authorization": f"Bearer {srv.tokens['generator']}", "Content-Type": "application/json"}
+        url = f"{srv.url}/v1/chat/completions"
+        broken = httpx.post(url, content=b'{"model": "tiny", "messages": [', headers=headers)
+        assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
+        huge = httpx.post(url, content=b" " * (2 << 20), headers=headers)
+        assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
+
+        # admin may generate too; nothing rejected was generated or audited as a generation
+        assert srv.client("admin").chat.completions.create(**good).usage.completion_tokens == 4
+        assert len(_generations(srv.registry)) == 1
+        assert client.chat.completions.create(**good).choices[0].message.content  # still serving
+
+
+@pytest.fixture()
+def gate(monkeypatch):
+    """basic-uwm, but each block first waits for a permit from the test (`gate.release(n)`)."""
+    permits = threading.Semaphore(0)
+    real = engine.METHODS["basic-uwm"]
+
+    def gated(inputs):
+        permits.acquire()
+        return real.block(inputs)
+
+    monkeypatch.setitem(engine.METHODS, "basic-uwm", engine.Method(gated, True, False, False))
+    return permits
+
+
+def _job_cancelled(srv: Served) -> bool:
+    job = srv.generation.current
+    return job is not None and job.cancelled.is_set()
+
+
+def test_a_client_that_disconnects_stops_its_generation(dirs, gate):
+    with served(dirs, method="basic-uwm", max_tokens=100) as srv:
+        stream = srv.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=100, stream=True
+        )
+        gate.release(3)
+        seen = 0
+        for chunk in stream:
+            seen += bool(chunk.choices and chunk.choices[0].delta.content)
+            if seen == 3:
+                break
+        stream.close()
+        _until(lambda: _job_cancelled(srv), "the server to notice the disconnect")
+        gate.release(1000)
+        _until(lambda: len(_generations(srv.registry)) == 1, "the generation's audit row")
+        row = _generations(srv.registry)[0]
+        assert row.result["finish_reason"] == "cancelled"
+        # it stopped at the block boundary after the disconnect: the worker was at most one
+        # block past what the client read (it may not yet have started the fourth)
+        assert 3 <= row.result["completion_tokens"] <= 4
+
+        # the same without streaming: the request is written by hand and the socket closed
+        body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 100}).encode()
+        request = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {srv.tokens['generator']}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        port = int(srv.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(request)
+            _until(lambda: srv.generation.current is not None, "the generation to start")
+        _until(lambda: _job_cancelled(srv), "the server to notice the disconnect")
+        gate.release(1000)
+        _until(lambda: len(_generations(srv.registry)) == 2, "the generation's audit row")
+        row = _generations(srv.registry)[1]
+        assert row.result["finish_reason"] == "cancelled" and row.result["completion_tokens"] <= 1
+
+
+def test_a_full_queue_answers_429_with_retry_after(dirs, gate):
+    with served(dirs, method="basic-uwm", max_queue=1) as srv:
+        client = srv.client()
+        ask = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 50}
+        running = client.chat.completions.create(**ask, stream=True)
+        _until(lambda: srv.generation.current is not None, "the first request to generate")
+        waiting = client.chat.completions.create(**ask, stream=True)  # the queue's one place
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.chat.completions.create(**ask)
+        assert _error(caught.value)["code"] == "queue_full"
+        assert int(caught.value.response.headers["retry-after"]) >= 1
+        metrics = httpx.get(
+            f"{srv.url}/metrics", headers={"Authorization": f"Bearer {srv.tokens['auditor']}"}
+        )
+        assert "wmark_generation_queue_length 1.0" in metrics.text.splitlines()
+        running.close()
+        _until(lambda: _job_cancelled(srv), "the server to notice the disconnect")
+        gate.release(1000)
+        rest = "".join(c.choices[0].delta.content or "" for c in waiting if c.choices)
+        assert len(rest.split()) == 50  # the waiting request ran once the model was free
+        first, second = _generations(srv.registry)
+        assert first.result["finish_reason"] == "cancelled" and first.result["completion_tokens"] <= 1
+        assert second.result["finish_reason"] == "length" and second.result["completion_tokens"] == 50
+        assert client.chat.completions.create(**{**ask, "max_tokens": 3}).usage.completion_tokens == 3
+
+
+def test_wmark_serve_generate_end_to_end(dirs, tmp_path):
+    """The command as a user runs it, in its own process, streaming to the openai client."""
+    registry, key_id, tokens = _setup_registry(dirs["target"])
+    registry.close()
+    refused = CliRunner().invoke(cli_app, ["serve", "--generate", "--workers", "2"])
+    assert refused.exit_code == 2 and "serves one model pair" in refused.output
+    port = _free_port()
+    cmd = [sys.executable, "-m", "wmark.cli", "serve", "--port", str(port), "--generate"]
+    cmd += ["--target", str(dirs["target"]), "--drafter", str(dirs["drafter"]), "--precision", "exact-fp32"]
+    cmd += ["--model-name", MODEL, "--key", key_id]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WMARK_GENERATE_", "PROMETHEUS"))}
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        _until(ready, "wmark serve --generate")
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=tokens["generator"], max_retries=0)
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=120, stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert len(text.split()) == 120
+        detection = _detect(text, tmp_path)
+        assert detection["verdict"] == "watermarked" and detection["key_id"] == key_id
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    assert "Traceback" not in log.read_text()
