@@ -87,20 +87,3 @@ class GenerationSettings:
             max_queue=count("WMARK_GENERATE_QUEUE", 8, 0),
             top_k=count("WMARK_GENERATE_TOP_K", 50, 0),
         )
-
-    def to_env(self) -> dict[str, str]:
-        """The variables `from_env` reads back (how `wmark serve` hands them to its worker)."""
-        values = {
-            "TARGET": self.target,
-            "DRAFTER": self.drafter,
-            "METHOD": self.method,
-            "KEY": self.key_id,
-            "MODEL_NAME": self.model_name,
-            "DEVICE": self.device,
-            "PRECISION": self.precision,
-            "MAX_TOKENS": self.max_tokens,
-            "MAX_PROMPT_TOKENS": self.max_prompt_tokens,
-            "QUEUE": self.max_queue,
-            "TOP_K": self.top_k,
-        }
-        return {f"WMARK_GENERATE_{k}": str(v) for k, v in values.items() if v is not None}

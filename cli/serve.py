@@ -14,7 +14,6 @@ from typing import Annotated
 
 import typer
 
-from wmark.api.generate_settings import GenerationSettings
 from wmark.cli.common import console
 from wmark.generator.names import METHOD_NAMES
 from wmark.keys import KeyRegistry, RegistryConfig
@@ -91,19 +90,20 @@ def serve(
             raise typer.BadParameter(
                 "--generate serves one model pair: use --workers 1", param_hint="--workers"
             )
-        settings = GenerationSettings(
-            target=target,
-            drafter=drafter,
-            method=method,
-            key_id=key,
-            model_name=model_name,
-            device=device,
-            precision=precision,
-            max_tokens=max_tokens,
-            max_prompt_tokens=max_prompt_tokens,
-            max_queue=queue,
-        )
-        os.environ.update(settings.to_env())  # the worker's create_app reads them
+        # the worker's create_app reads them (wmark.api.generate_settings)
+        variables = {
+            "TARGET": target,
+            "DRAFTER": drafter,
+            "METHOD": method,
+            "KEY": key,
+            "MODEL_NAME": model_name,
+            "DEVICE": device,
+            "PRECISION": precision,
+            "MAX_TOKENS": max_tokens,
+            "MAX_PROMPT_TOKENS": max_prompt_tokens,
+            "QUEUE": queue,
+        }
+        os.environ.update({f"WMARK_GENERATE_{k}": str(v) for k, v in variables.items() if v is not None})
     if run_migrations:
         migrate()
     metrics_dir = None
