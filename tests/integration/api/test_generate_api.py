@@ -28,6 +28,8 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from wmark.api import Settings, create_app
@@ -279,6 +281,58 @@ def test_bad_input_gets_openai_errors_the_client_raises(dirs):
         assert srv.client("admin").chat.completions.create(**good).usage.completion_tokens == 4
         assert len(_generations(srv.registry)) == 1
         assert client.chat.completions.create(**good).choices[0].message.content  # still serving
+
+
+# any JSON value, to put where a field's value belongs
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+_FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p"]
+_FIELDS += ["seed", "n", "stream", "stream_options", "stop", "user", "echo", "unknown"]
+
+
+def test_fuzzed_requests_get_a_4xx_in_openai_shape_never_a_5xx(dirs):
+    """A valid request with fields replaced by arbitrary JSON (or removed), and arbitrary bodies:
+    each answer is a success or an OpenAI-shaped 4xx, and the server keeps serving."""
+    with served(dirs, max_tokens=4) as srv:
+        headers = {"Authorization": f"Bearer {srv.tokens['generator']}"}
+        valid = {
+            "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]},
+            "/v1/completions": {"model": MODEL, "prompt": PROMPT},
+        }
+        statuses: list[int] = []
+
+        @given(
+            path=st.sampled_from(sorted(valid)),
+            changes=st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=3),
+            removed=st.sets(st.sampled_from(_FIELDS), max_size=2),
+            whole=st.none() | _JSON,
+        )
+        @settings(
+            max_examples=150,
+            derandomize=True,
+            database=None,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def fuzz(path: str, changes: dict, removed: set, whole: object) -> None:
+            body = (
+                whole
+                if whole is not None
+                else {k: v for k, v in {**valid[path], **changes}.items() if k not in removed}
+            )
+            response = httpx.post(f"{srv.url}{path}", json=body, headers=headers, timeout=WAIT_S)
+            statuses.append(response.status_code)
+            assert response.status_code < 500, (body, response.text)
+            if response.status_code >= 400:
+                error = response.json()["error"]
+                assert {"message", "type", "code"} <= set(error), response.text
+
+        fuzz()
+        assert 200 in statuses and 400 in statuses  # both kinds of answer were exercised
+        assert srv.client().completions.create(model=MODEL, prompt=PROMPT).usage.completion_tokens == 4
 
 
 @pytest.fixture()
