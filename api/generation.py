@@ -83,6 +83,7 @@ class Job:
         config: sampler settings (method, budget, temperature, top-p ...).
         key: the server's watermark key.
         seed: the request's seed (reproducible unkeyed randomness), or None.
+        actor: who asked (`token:<id>`), for the audit row.
         audit: what the audit row says about the request besides the generation (actor,
             endpoint, prompt digest).
     """

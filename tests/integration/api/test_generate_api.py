@@ -418,10 +418,8 @@ def test_a_full_queue_answers_429_with_retry_after(dirs, gate):
         running.close()
         _until(lambda: _job_cancelled(srv), "the server to notice the disconnect")
         gate.release(1000)
-        rest = list(waiting)
-        assert (
-            rest[-1].choices[0].finish_reason == "length"
-        )  # the waiting request ran once the model was free
+        rest = list(waiting)  # the waiting request runs once the model is free
+        assert rest[-1].choices[0].finish_reason == "length"
         first, second = _generations(srv.registry)
         assert first.result["finish_reason"] == "cancelled" and first.result["completion_tokens"] <= 1
         assert second.result["finish_reason"] == "length" and second.result["completion_tokens"] == 50
