@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.markup import escape
@@ -26,6 +26,7 @@ from wmark.keymaterial import KeyMaterial
 from wmark.secret import Secret
 
 if TYPE_CHECKING:  # torch, transformers and matplotlib load only when the command runs
+    from wmark.eval.rows import EvalRow
     from wmark.eval.runner import EvalModels, Job, ResultsFile, RunInfo
     from wmark.generator.loading import ModelPair
 
@@ -172,7 +173,7 @@ def eval_cmd(
     else:
         with results.locked():
             rows = results.load(repair=True)
-            done = {r["row_id"] for r in rows}
+            done = {r.row_id for r in rows}
             pending = [j for j in plan if j.row_id not in done]
             if pending:
                 info, new = _generate(
@@ -197,7 +198,7 @@ def eval_cmd(
 
 def _generate(
     pending: list[Job],
-    rows: list[dict[str, Any]],
+    rows: list[EvalRow],
     info: RunInfo,
     run_json: Path,
     results: ResultsFile,
@@ -209,7 +210,7 @@ def _generate(
     chat: bool,
     key: str | None,
     secret: Secret | None,
-) -> tuple[RunInfo, list[dict[str, Any]]]:
+) -> tuple[RunInfo, list[EvalRow]]:
     """Load the models and run the pending jobs; a new folder gets its run.json here."""
     from wmark.eval.models import load_models
     from wmark.eval.runner import lppl_key
@@ -218,9 +219,7 @@ def _generate(
         models, pair = load_models(
             target, drafters, device=device, precision=precision, chat=chat, progress=status.update
         )
-    models.lppl_cache.update(
-        {lppl_key(r["prompt_key"], r["token_ids"]): (r["lppl"], r["lppl_dropped"]) for r in rows}
-    )
+    models.lppl_cache.update({lppl_key(r.prompt_key, r.token_ids): (r.lppl, r.lppl_dropped) for r in rows})
     material = _key_material(key, secret, info.key_id, pair)
     if not info.spec:
         info = dataclasses.replace(
@@ -265,11 +264,11 @@ def _key_material(key_id: str | None, secret: Secret | None, derived_id: str, pa
 
 def _run(
     pending: list[Job], models: EvalModels, material: KeyMaterial, info: RunInfo, results: ResultsFile
-) -> list[dict[str, Any]]:
+) -> list[EvalRow]:
     """Generate the pending rows with a progress bar, appending each as soon as it is done."""
     from wmark.eval.runner import run_job
 
-    new: list[dict[str, Any]] = []
+    new: list[EvalRow] = []
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -306,7 +305,7 @@ def _run(
     return new
 
 
-def _write_outputs(rows: list[dict[str, Any]], info: RunInfo, out: Path, plots: bool) -> None:
+def _write_outputs(rows: list[EvalRow], info: RunInfo, out: Path, plots: bool) -> None:
     from wmark.eval.summary import render_summary
     from wmark.spec import WatermarkSpec
 
