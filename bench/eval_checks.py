@@ -26,23 +26,22 @@ from scipy import stats
 
 from wmark.eval.aggregate import ALPHA, calibration_other_keys, is_default, tpr
 from wmark.eval.metrics import binomial_interval, log_p_at, standard_error
+from wmark.eval.rows import EvalRow
 from wmark.eval.runner import ResultsFile, RunInfo
 from wmark.spec import WatermarkSpec
 
 
-def _anlppt_u(row: dict) -> float:
-    return -row["log_p"]["u"] / row["n_scored"] if row["n_scored"] else math.nan
+def _anlppt_u(row: EvalRow) -> float:
+    return -row.log_p["u"] / row.n_scored if row.n_scored else math.nan
 
 
-def _mean_anlppt(rows: list[dict]) -> float:
+def _mean_anlppt(rows: list[EvalRow]) -> float:
     return float(np.nanmean([_anlppt_u(r) for r in rows]))
 
 
-def _paired(a: list[dict], b: list[dict], value) -> np.ndarray:
-    other = {(r["prompt_key"], r["seed"]): value(r) for r in b}
-    return np.array(
-        [value(r) - other[(r["prompt_key"], r["seed"])] for r in a if (r["prompt_key"], r["seed"]) in other]
-    )
+def _paired(a: list[EvalRow], b: list[EvalRow], value) -> np.ndarray:
+    other = {(r.prompt_key, r.seed): value(r) for r in b}
+    return np.array([value(r) - other[(r.prompt_key, r.seed)] for r in a if (r.prompt_key, r.seed) in other])
 
 
 def _holm(p_values: list[float]) -> list[float]:
@@ -55,10 +54,8 @@ def _holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-def _select(rows: list[dict], method: str, lookahead=None, drafts: int = 1) -> list[dict]:
-    return [
-        r for r in rows if r["method"] == method and r["lookahead"] == lookahead and r["drafts"] == drafts
-    ]
+def _select(rows: list[EvalRow], method: str, lookahead=None, drafts: int = 1) -> list[EvalRow]:
+    return [r for r in rows if r.method == method and r.lookahead == lookahead and r.drafts == drafts]
 
 
 def main() -> None:
@@ -73,24 +70,24 @@ def main() -> None:
     def add(check: str, setting: str, figures: str, ok: bool) -> None:
         lines.append(f"| {check} | {setting} | {figures} | {'yes' if ok else '**no**'} |")
 
-    multi = sorted({(r["lookahead"], r["drafts"]) for r in rows if r["method"] == "mpfr"})
+    multi = sorted({(r.lookahead, r.drafts) for r in rows if r.method == "mpfr"})
     for ell, b in multi:
         mpfr, gls = _select(rows, "mpfr", ell, b), _select(rows, "gls", ell, b)
         if not gls:
             continue
-        d = _paired(mpfr, gls, lambda r: r["aatps"])
+        d = _paired(mpfr, gls, lambda r: r.aatps)
         se = standard_error(d)
         figures = (
-            f"mpfr {np.mean([r['aatps'] for r in mpfr]):.3f}, gls {np.mean([r['aatps'] for r in gls]):.3f}; "
+            f"mpfr {np.mean([r.aatps for r in mpfr]):.3f}, gls {np.mean([r.aatps for r in gls]):.3f}; "
             f"diff {d.mean():+.3f}, SE {se:.3f} (n {len(d)})"
         )
         add("1. mpfr AATPS >= gls - 1 SE", f"L={ell} B={b}", figures, d.mean() >= -se)
 
     basic = _select(rows, "basic-uwm")
-    for ell in sorted({r["lookahead"] for r in rows if r["method"] == "pfr"}):
+    for ell in sorted({r.lookahead for r in rows if r.method == "pfr"}):
         pfr = _select(rows, "pfr", ell)
         d = _paired(pfr, basic, _anlppt_u)
-        same = int((_paired(pfr, basic, lambda r: hash(tuple(r["token_ids"]))) == 0).sum())
+        same = int((_paired(pfr, basic, lambda r: hash(tuple(r.token_ids))) == 0).sum())
         se = standard_error(d)
         figures = (
             f"pfr {_mean_anlppt(pfr):.4f}, basic-uwm {_mean_anlppt(basic):.4f}; diff {d.mean():+.4f} "
@@ -116,12 +113,12 @@ def main() -> None:
             add("3. mse ANLPPT-U clearly below pfr", f"L={ell}", figures, t.pvalue < 0.01)
 
     for method in ("pfr-nowm", "vsps", "gls"):
-        mine = [r for r in rows if r["method"] == method]
+        mine = [r for r in rows if r.method == method]
         if not mine:
             continue
-        full = binomial_interval(sum(r["log_p"]["aaronson"] <= math.log(ALPHA) for r in mine), len(mine))
+        full = binomial_interval(sum(r.log_p["aaronson"] <= math.log(ALPHA) for r in mine), len(mine))
         pooled_hits = sum(
-            log_p_at(r["scored_positions"], r["pivots"], t)[0] <= math.log(ALPHA)
+            log_p_at(r.scored_positions, r.pivots, t)[0] <= math.log(ALPHA)
             for r in mine
             for t in (16, 32, 64)
         )
@@ -146,21 +143,21 @@ def main() -> None:
     )
 
     comparisons = []
-    for method in sorted({r["method"] for r in rows} - {"basic-uwm"}):
-        for setting in sorted({(r["lookahead"], r["drafts"]) for r in rows if r["method"] == method}):
+    for method in sorted({r.method for r in rows} - {"basic-uwm"}):
+        for setting in sorted({(r.lookahead, r.drafts) for r in rows if r.method == method}):
             mine = _select(rows, method, *setting)
-            d = _paired(mine, basic, lambda r: r["lppl"])
+            d = _paired(mine, basic, lambda r: r.lppl)
             p = 1.0 if not d.any() else float(stats.ttest_1samp(d, 0.0).pvalue)
             comparisons.append((f"{method} L={setting[0]} B={setting[1]}", mine, d, p))
     adjusted = _holm([p for *_, p in comparisons])
-    base = np.mean([r["lppl"] for r in basic])
+    base = np.mean([r.lppl for r in basic])
     for (setting, mine, d, _), p_adj in zip(comparisons, adjusted, strict=True):
-        ours = np.mean([r["lppl"] for r in mine])
+        ours = np.mean([r.lppl for r in mine])
         figures = f"LPPL {ours:.3f} vs {base:.3f}; diff {d.mean():+.3f} (SE {standard_error(d):.3f})"
         figures += f"; Holm p {p_adj:.2f}"
         add("5. LPPL ~ basic-uwm", setting, figures, p_adj > 0.05)
 
-    prompts = len({r["prompt_key"] for r in rows})
+    prompts = len({r.prompt_key for r in rows})
     print(f"{len(everything)} rows ({len(rows)} with the default drafter), {prompts} prompts\n")
     print("\n".join(lines))
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.markup import escape
@@ -15,21 +13,20 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.status import Status
 
-from wmark.cli.common import err_console, open_registry
+from wmark.cli.common import err_console
 from wmark.errors import InputError
 from wmark.generator.names import METHOD_NAMES
-from wmark.keymaterial import KeyMaterial
-from wmark.secret import Secret
 
 if TYPE_CHECKING:  # torch, transformers and matplotlib load only when the command runs
-    from wmark.eval.runner import EvalModels, Job, ResultsFile, RunInfo
-    from wmark.generator.loading import ModelPair
+    from wmark.eval.rows import EvalRow
+    from wmark.eval.runner import Job
 
-EVAL_KEY_TAG = b"wmark.eval-key.v1"
 N = TypeVar("N", int, float)
 
 
@@ -57,11 +54,6 @@ def _names(option: str, text: str) -> list[str]:
     if not values:
         raise InputError(f"{option}: give at least one value")
     return values
-
-
-def eval_key_secret(key_seed: str) -> Secret:
-    """The evaluation key derived from --key-seed (reproducible runs without a key registry)."""
-    return Secret(hashlib.sha256(EVAL_KEY_TAG + key_seed.encode()).digest())
 
 
 def eval_cmd(
@@ -128,196 +120,105 @@ def eval_cmd(
       wmark eval --out runs/drafters --methods pfr,mpfr,mse,mse-pseudo --lookahead 4 --drafts 4 \\
           --drafter embedded,target --draft-temperature 1,0.5,1.5
     """
-    from wmark.eval.prompts import load_prompt_set
-    from wmark.eval.runner import ResultsFile, RunInfo, expand_settings, plan_jobs
+    from wmark.eval.session import EvalConfig, EvalInterrupted, EvalSession
 
-    lookaheads = _ints("--lookahead", lookahead)
-    temperatures = _floats("--draft-temperature", draft_temperature) if draft_temperature else [temperature]
-    drafters = _names("--drafter", drafter)
-    settings = expand_settings(
-        _names("--methods", methods),
-        lookaheads=lookaheads,
-        multi_lookaheads=_ints("--multi-lookahead", multi_lookahead)
-        if multi_lookahead
-        else [max(lookaheads)],
+    config = EvalConfig(
+        out=out,
+        prompts=prompts,
+        limit=limit,
+        methods=_names("--methods", methods),
+        lookaheads=_ints("--lookahead", lookahead),
+        multi_lookaheads=_ints("--multi-lookahead", multi_lookahead) if multi_lookahead else None,
         drafts=_ints("--drafts", drafts),
-        drafters=drafters,
-        draft_temperatures=temperatures,
-    )
-    secret = eval_key_secret(key_seed) if key is None else None
-    info = RunInfo(
+        drafters=_names("--drafter", drafter),
+        draft_temperatures=_floats("--draft-temperature", draft_temperature) if draft_temperature else None,
+        seeds=_ints("--seeds", seeds),
         target=target,
-        key_id=key or f"wk_eval_{hashlib.sha256(key_seed.encode()).hexdigest()[:8]}",
-        key_fingerprint=secret.fingerprint() if secret is not None else "",
+        key=key,
+        key_seed=key_seed,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
         diversity_bits=diversity_bits,
-        default_drafter=drafters[0],
-        default_draft_temperature=temperatures[0],
-        prompts=prompts,
-        spec="",
+        chat=chat,
+        device=device,
+        precision=precision,
     )
-    for setting in settings:
-        setting.sampler(info)  # every invalid value fails here, before any model loads
-    prompt_set = load_prompt_set(prompts, limit=limit)
-    out.mkdir(parents=True, exist_ok=True)
-    run_json = out / "run.json"
-    info = _resume_info(info, run_json)
-    results = ResultsFile(out / "results.jsonl")
-    plan = plan_jobs(prompt_set.prompts, settings, _ints("--seeds", seeds))
+    session = EvalSession(config)
     if summary_only:
-        rows = results.load()
+        rows = session.rows()
     else:
-        with results.locked():
-            rows = results.load(repair=True)
-            done = {r["row_id"] for r in rows}
-            pending = [j for j in plan if j.row_id not in done]
-            if pending:
-                info, new = _generate(
-                    pending,
-                    rows,
-                    info,
-                    run_json,
-                    results,
-                    target=target,
-                    drafters=drafters,
-                    device=device,
-                    precision=precision,
-                    chat=chat,
-                    key=key,
-                    secret=secret,
-                )
-                rows += new
-    if not rows:
-        raise InputError(f"{out}: no results yet; run without --summary-only first")
-    _write_outputs(rows, info, out, plots)
-
-
-def _generate(
-    pending: list[Job],
-    rows: list[dict[str, Any]],
-    info: RunInfo,
-    run_json: Path,
-    results: ResultsFile,
-    *,
-    target: str,
-    drafters: list[str],
-    device: str,
-    precision: str,
-    chat: bool,
-    key: str | None,
-    secret: Secret | None,
-) -> tuple[RunInfo, list[dict[str, Any]]]:
-    """Load the models and run the pending jobs; a new folder gets its run.json here."""
-    from wmark.eval.models import load_models
-    from wmark.eval.runner import lppl_key
-
-    with err_console.status("loading models") as status:
-        models, pair = load_models(
-            target, drafters, device=device, precision=precision, chat=chat, progress=status.update
-        )
-    models.lppl_cache.update(
-        {lppl_key(r["prompt_key"], r["token_ids"]): (r["lppl"], r["lppl_dropped"]) for r in rows}
-    )
-    material = _key_material(key, secret, info.key_id, pair)
-    if not info.spec:
-        info = dataclasses.replace(
-            info, key_fingerprint=material.secret.fingerprint(), spec=material.spec.to_json()
-        )
-        info.save(run_json)
-    elif info.spec != material.spec.to_json():
-        raise InputError(f"{run_json.parent} was made with another key spec (tokenizer): use another --out")
-    return info, _run(pending, models, material, info, results)
-
-
-def _resume_info(info: RunInfo, run_json: Path) -> RunInfo:
-    """The run description to use: `info` for a new folder, else the stored one (which must match).
-
-    A folder keeps its first run's default drafter condition, key fingerprint and spec; later
-    runs may add methods, settings, drafters, prompts and seeds.
-    """
-    from wmark.eval.runner import RunInfo
-
-    if not run_json.exists():
-        return info
-    stored = RunInfo.load(run_json)
-    info.check_compatible(stored, run_json.parent)
-    return stored
-
-
-def _key_material(key_id: str | None, secret: Secret | None, derived_id: str, pair: ModelPair) -> KeyMaterial:
-    """The registry key (checked against the target's tokenizer) or the derived evaluation key."""
-    from wmark.detector import TextTokenizer
-    from wmark.generator.engine import check_key_binding
-    from wmark.spec import WatermarkSpec
-
-    if key_id is not None:
-        with open_registry() as registry:
-            material = registry.material(key_id, for_generation=True)
-        check_key_binding(material, pair.target)
-        return material
-    assert secret is not None
-    ref = TextTokenizer(pair.tokenizer_json, "target").ref
-    return KeyMaterial(key_id=derived_id, secret=secret, spec=WatermarkSpec(tokenizer=ref))
-
-
-def _run(
-    pending: list[Job], models: EvalModels, material: KeyMaterial, info: RunInfo, results: ResultsFile
-) -> list[dict[str, Any]]:
-    """Generate the pending rows with a progress bar, appending each as soon as it is done."""
-    from wmark.eval.runner import run_job
-
-    new: list[dict[str, Any]] = []
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    )
-    try:
-        with progress:
-            overall = progress.add_task("generations", total=len(pending))
-            tokens = progress.add_task("tokens", total=info.max_new_tokens)
-            for job in pending:
-                progress.update(
-                    tokens, completed=0, description=f"{job.prompt.id} {job.setting.key} s{job.seed}"
-                )
-                row = run_job(
-                    job,
-                    models=models,
-                    key=material,
-                    info=info,
-                    on_block=lambda n: progress.update(tokens, completed=n),
-                )
-                results.append(row)
-                new.append(row)
-                progress.advance(overall)
-    except KeyboardInterrupt:
-        err_console.print(
-            f"interrupted: {len(new)} new rows saved in {escape(str(results.path))}; "
-            "rerun the command to resume"
-        )
-        raise typer.Exit(130) from None
-    return new
-
-
-def _write_outputs(rows: list[dict[str, Any]], info: RunInfo, out: Path, plots: bool) -> None:
-    from wmark.eval.summary import render_summary
-    from wmark.spec import WatermarkSpec
-
-    summary = out / "summary.md"
-    summary.write_text(render_summary(rows, info, WatermarkSpec.from_json(info.spec)))
-    written = [summary]
-    if plots:
-        from wmark.eval.plots import write_plots
-
-        written += write_plots(rows, info, out)
+        try:
+            with _Bars() as bars:
+                rows = session.run(bars)
+        except EvalInterrupted as exc:
+            err_console.print(
+                f"interrupted: {exc.new_rows} new rows saved in {escape(str(exc.results))}; "
+                "rerun the command to resume"
+            )
+            raise typer.Exit(130) from None
+    written = session.write_outputs(rows, plots=plots)
     err_console.print(
-        f"{len(rows)} rows in {escape(str(out / 'results.jsonl'))}; wrote "
+        f"{len(rows)} rows in {escape(str(session.results.path))}; wrote "
         + ", ".join(p.name for p in written)
     )
+
+
+class _Bars:
+    """`EvalProgress` on stderr: a spinner while models load, then generation and token bars."""
+
+    def __init__(self) -> None:
+        self._status: Status | None = None
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        )
+        self._overall: TaskID | None = None
+        self._tokens: TaskID | None = None
+
+    def loading(self, message: str) -> None:
+        if self._status is None:
+            self._status = err_console.status(message)
+            self._status.start()
+        else:
+            self._status.update(message)
+
+    def started(self, jobs: int, max_new_tokens: int) -> None:
+        self._stop_status()
+        self._progress.start()
+        self._overall = self._progress.add_task("generations", total=jobs)
+        self._tokens = self._progress.add_task("tokens", total=max_new_tokens)
+
+    def job_started(self, job: Job) -> None:
+        assert self._tokens is not None
+        self._progress.update(
+            self._tokens, completed=0, description=f"{job.prompt.id} {job.setting.key} s{job.seed}"
+        )
+
+    def tokens(self, generated: int) -> None:
+        assert self._tokens is not None
+        self._progress.update(self._tokens, completed=generated)
+
+    def job_done(self, row: EvalRow) -> None:
+        del row
+        assert self._overall is not None
+        self._progress.advance(self._overall)
+
+    def __enter__(self) -> _Bars:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop whichever display is live, however the run ended."""
+        self._stop_status()
+        self._progress.stop()
+
+    def _stop_status(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None

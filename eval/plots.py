@@ -20,7 +20,6 @@ from wmark.errors import InputError
 from wmark.eval.aggregate import (
     ALPHA,
     EVAL_TOKENS,
-    Row,
     ablation_groups,
     group_stats,
     is_default,
@@ -28,6 +27,7 @@ from wmark.eval.aggregate import (
     tpr,
 )
 from wmark.eval.metrics import standard_error
+from wmark.eval.rows import EvalRow
 from wmark.eval.runner import RunInfo
 from wmark.eval.summary import headline_groups
 from wmark.generator.engine import METHODS
@@ -48,7 +48,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def write_plots(rows: Sequence[Row], info: RunInfo, out: Path) -> list[Path]:
+def write_plots(rows: Sequence[EvalRow], info: RunInfo, out: Path) -> list[Path]:
     """Write every figure the rows allow into `out`; returns the files written."""
     plt = _pyplot()
     default = [r for r in rows if is_default(r, info)]
@@ -68,17 +68,17 @@ def write_plots(rows: Sequence[Row], info: RunInfo, out: Path) -> list[Path]:
     return written
 
 
-def _frontier(ax: Any, rows: Sequence[Row], info: RunInfo) -> bool:
+def _frontier(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
     del info
-    singles = [r for r in rows if r["method"] in METHODS and not METHODS[r["method"]].multi_draft]
+    singles = [r for r in rows if r.method in METHODS and not METHODS[r.method].multi_draft]
     if not singles:
         return False
-    for method in sorted({r["method"] for r in singles}, key=method_rank):
+    for method in sorted({r.method for r in singles}, key=method_rank):
         points = []
-        for ell in sorted({r["lookahead"] for r in singles if r["method"] == method}, key=lambda x: x or 0):
-            mine = [r for r in singles if r["method"] == method and r["lookahead"] == ell]
+        for ell in sorted({r.lookahead for r in singles if r.method == method}, key=lambda x: x or 0):
+            mine = [r for r in singles if r.method == method and r.lookahead == ell]
             s = group_stats(mine)
-            anl = [-r[_log_p_field(r)]["u"] / r["n_scored"] for r in mine if r["n_scored"]]
+            anl = [-getattr(r, _log_p_field(r))["u"] / r.n_scored for r in mine if r.n_scored]
             points.append((s.aatps[0], s.anlppt["u"][0], s.aatps_se, standard_error(anl), ell))
         xs, ys, xe, ye, ells = zip(*points, strict=True)
         dashed = not METHODS[method].keyed
@@ -112,16 +112,16 @@ def _frontier(ax: Any, rows: Sequence[Row], info: RunInfo) -> bool:
     return True
 
 
-def _multidraft(ax: Any, rows: Sequence[Row], info: RunInfo) -> bool:
+def _multidraft(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
     del info
-    multi = [r for r in rows if r["method"] in ("mpfr", "gls")]
+    multi = [r for r in rows if r.method in ("mpfr", "gls")]
     if not multi:
         return False
     for method in ("mpfr", "gls"):
-        for ell in sorted({r["lookahead"] for r in multi if r["method"] == method}):
-            mine = [r for r in multi if (r["method"], r["lookahead"]) == (method, ell)]
-            bs = sorted({r["drafts"] for r in mine})
-            stats = [group_stats([r for r in mine if r["drafts"] == b]) for b in bs]
+        for ell in sorted({r.lookahead for r in multi if r.method == method and r.lookahead is not None}):
+            mine = [r for r in multi if (r.method, r.lookahead) == (method, ell)]
+            bs = sorted({r.drafts for r in mine})
+            stats = [group_stats([r for r in mine if r.drafts == b]) for b in bs]
             ax.errorbar(
                 bs,
                 [s.aatps[0] for s in stats],
@@ -139,13 +139,13 @@ def _multidraft(ax: Any, rows: Sequence[Row], info: RunInfo) -> bool:
     return True
 
 
-def _tpr(ax: Any, rows: Sequence[Row], info: RunInfo) -> bool:
+def _tpr(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
     if not rows:
         return False
     tokens = [t for t in EVAL_TOKENS if t <= info.max_new_tokens] or [info.max_new_tokens]
     for group in headline_groups(rows):
-        method = group[0]["method"]
-        keyed = bool(group[0]["keyed"])
+        method = group[0].method
+        keyed = bool(group[0].keyed)
         label = method + ("" if keyed else " (FPR)")
         ax.plot(
             tokens, [tpr(group, t) for t in tokens], marker="o", label=label, linestyle="-" if keyed else "--"
@@ -168,7 +168,7 @@ def _tpr(ax: Any, rows: Sequence[Row], info: RunInfo) -> bool:
     return True
 
 
-def _drafters(ax: Any, rows: Sequence[Row], info: RunInfo) -> bool:
+def _drafters(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
     del info
     groups = ablation_groups(rows)
     if not groups:
@@ -197,8 +197,8 @@ def _drafters(ax: Any, rows: Sequence[Row], info: RunInfo) -> bool:
     return True
 
 
-def _log_p_field(row: Row) -> str:
-    return "log_p_pseudo" if row["method"] == "mse-pseudo" else "log_p"
+def _log_p_field(row: EvalRow) -> str:
+    return "log_p_pseudo" if row.method == "mse-pseudo" else "log_p"
 
 
 def _nan0(values: Sequence[float]) -> list[float]:

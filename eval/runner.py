@@ -25,7 +25,6 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -33,6 +32,7 @@ from wmark.errors import InputError
 from wmark.eval.detection import DEFAULT_TAU, mixed_pivots, text_pivots
 from wmark.eval.metrics import lppl, rouge_l, scores
 from wmark.eval.prompts import Prompt
+from wmark.eval.rows import EvalRow
 from wmark.generator.backend import LanguageModel
 from wmark.generator.engine import METHODS, SamplerConfig, generate
 from wmark.generator.logits import LogitsConfig, supports
@@ -240,40 +240,48 @@ class ResultsFile:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def load(self, *, repair: bool = False) -> list[dict[str, Any]]:
+    def load(self, *, repair: bool = False) -> list[EvalRow]:
         """All complete rows. A torn last line (a crash while writing) is skipped, and with `repair`
         (writers only, under `locked`) cut off the file so that appends continue after a whole row.
 
         Raises:
-            InputError: a line other than the last is not valid JSON (the file was edited).
+            InputError: a line other than the last is not valid JSON (the file was edited), or a
+                line is not a row.
         """
         if not self.path.exists():
             return []
         data = self.path.read_bytes()
         lines = data.split(b"\n")
-        rows, good = [], 0
+        rows: list[EvalRow] = []
+        good = 0
         for i, line in enumerate(lines):
             if not line.strip():
                 good += len(line) + 1
                 continue
             try:
-                rows.append(json.loads(line))
+                obj = json.loads(line)
             except json.JSONDecodeError:
                 if i < len(lines) - 1:
                     raise InputError(
                         f"{self.path}, line {i + 1}: not valid JSON; fix or remove the line"
                     ) from None
                 break  # the torn tail of an interrupted append
+            if not isinstance(obj, dict):
+                raise InputError(f"{self.path}, line {i + 1}: not a wmark eval row")
+            try:
+                rows.append(EvalRow.from_json(obj))
+            except InputError as exc:
+                raise InputError(f"{self.path}, line {i + 1}: {exc}") from None
             good += len(line) + 1
         if repair and good < len(data):
             with self.path.open("r+b") as f:
                 f.truncate(good)
         return rows
 
-    def append(self, row: Mapping[str, Any]) -> None:
+    def append(self, row: EvalRow) -> None:
         """Append one row durably (written, flushed and fsynced before returning)."""
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+            f.write(json.dumps(row.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -320,7 +328,7 @@ def run_job(
     key: KeyMaterial,
     info: RunInfo,
     on_block: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> EvalRow:
     """Generate one row and compute its figures."""
     setting = job.setting
     prompt_ids = models.encode(job.prompt)
@@ -343,41 +351,41 @@ def run_job(
         models.lppl_cache[text_key] = lppl(target_probs(models.target, prompt_ids, tokens, info.logits()))
     mean_nll, dropped = models.lppl_cache[text_key]
     reference = job.prompt.reference
-    return {
-        "row_id": job.row_id,
-        "prompt_id": job.prompt.id,
-        "prompt_key": job.prompt_key,
-        "method": setting.method,
-        "lookahead": setting.lookahead,
-        "drafts": setting.drafts,
-        "drafter": setting.drafter,
-        "draft_temperature": setting.draft_temperature,
-        "seed": job.seed,
-        "request_seed": job.request_seed,
-        "keyed": METHODS[setting.method].keyed,
-        "prompt_len": len(prompt_ids),
-        "prompt_tail": prompt_ids[-MAX_CONTEXT_WIDTH:],
-        "token_ids": tokens,
-        "text": result.text,
-        "n_tokens": len(tokens),
-        "stop_reason": result.stop_reason,
-        "blocks": list(result.blocks),
-        "drafted": list(result.drafted),
-        "masked_positions": list(result.masked_positions),
-        "diverse_positions": list(result.diverse_positions),
-        "target_forwards": result.target_forwards,
-        "draft_forwards": result.draft_forwards,
-        "aatps": result.aatps,
-        "tokens_per_s": result.tokens_per_s,
-        "timings": dataclasses.asdict(result.timings),
-        "scored_positions": pivots.positions.tolist(),
-        "pivots": pivots.u1.tolist(),
-        "pivots_k2": pivots.u2.tolist(),
-        "r_k2": pivots.r.tolist(),
-        "n_scored": len(pivots.positions),
-        "log_p": scores(pivots.u1),
-        "log_p_pseudo": scores(mixed),
-        "lppl": mean_nll,
-        "lppl_dropped": dropped,
-        "rouge_l": rouge_l(tokens, models.encode_text(reference)) if reference else None,
-    }
+    return EvalRow(
+        row_id=job.row_id,
+        prompt_id=job.prompt.id,
+        prompt_key=job.prompt_key,
+        method=setting.method,
+        lookahead=setting.lookahead,
+        drafts=setting.drafts,
+        drafter=setting.drafter,
+        draft_temperature=setting.draft_temperature,
+        seed=job.seed,
+        request_seed=job.request_seed,
+        keyed=METHODS[setting.method].keyed,
+        prompt_len=len(prompt_ids),
+        prompt_tail=prompt_ids[-MAX_CONTEXT_WIDTH:],
+        token_ids=tokens,
+        text=result.text,
+        n_tokens=len(tokens),
+        stop_reason=result.stop_reason,
+        blocks=list(result.blocks),
+        drafted=list(result.drafted),
+        masked_positions=list(result.masked_positions),
+        diverse_positions=list(result.diverse_positions),
+        target_forwards=result.target_forwards,
+        draft_forwards=result.draft_forwards,
+        aatps=result.aatps,
+        tokens_per_s=result.tokens_per_s,
+        timings=dataclasses.asdict(result.timings),
+        scored_positions=pivots.positions.tolist(),
+        pivots=pivots.u1.tolist(),
+        pivots_k2=pivots.u2.tolist(),
+        r_k2=pivots.r.tolist(),
+        n_scored=len(pivots.positions),
+        log_p=scores(pivots.u1),
+        log_p_pseudo=scores(mixed),
+        lppl=mean_nll,
+        lppl_dropped=dropped,
+        rouge_l=rouge_l(tokens, models.encode_text(reference)) if reference else None,
+    )

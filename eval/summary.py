@@ -22,7 +22,6 @@ from wmark.eval.aggregate import (
     ALPHA,
     EVAL_TOKENS,
     GroupStats,
-    Row,
     SettingKey,
     ablation_groups,
     calibration_other_keys,
@@ -36,6 +35,7 @@ from wmark.eval.aggregate import (
 )
 from wmark.eval.detection import DEFAULT_TAU
 from wmark.eval.metrics import binomial_interval, standard_error
+from wmark.eval.rows import EvalRow
 from wmark.eval.runner import RunInfo
 from wmark.generator.engine import METHODS
 from wmark.scoring import ScoreName
@@ -64,7 +64,7 @@ def _eval_tokens(info: RunInfo) -> list[int]:
     return [t for t in EVAL_TOKENS if t <= info.max_new_tokens] or [info.max_new_tokens]
 
 
-def render_summary(rows: Sequence[Row], info: RunInfo, spec: WatermarkSpec) -> str:
+def render_summary(rows: Sequence[EvalRow], info: RunInfo, spec: WatermarkSpec) -> str:
     """The whole summary.md for the rows of one run."""
     default = [r for r in rows if is_default(r, info)]
     parts = [_header(rows, info), _single_draft(default, info), _multi_draft(default)]
@@ -73,10 +73,10 @@ def render_summary(rows: Sequence[Row], info: RunInfo, spec: WatermarkSpec) -> s
     return "\n".join(p for p in parts if p)
 
 
-def _header(rows: Sequence[Row], info: RunInfo) -> str:
-    prompts = len({r["prompt_key"] for r in rows})
-    seeds = sorted({r["seed"] for r in rows})
-    drafters = sorted({(r["drafter"], r["draft_temperature"]) for r in rows if r["drafter"] is not None})
+def _header(rows: Sequence[EvalRow], info: RunInfo) -> str:
+    prompts = len({r.prompt_key for r in rows})
+    seeds = sorted({r.seed for r in rows})
+    drafters = sorted({(r.drafter, r.draft_temperature) for r in rows if r.drafter is not None})
     conditions = ", ".join(f"{d} (T={t:g})" for d, t in drafters) or "-"
     return (
         "# wmark eval summary\n\n"
@@ -90,7 +90,7 @@ def _header(rows: Sequence[Row], info: RunInfo) -> str:
     )
 
 
-def _table_rows(groups: dict[SettingKey, list[Row]]) -> list[tuple[GroupStats, list[Row], bool]]:
+def _table_rows(groups: dict[SettingKey, list[EvalRow]]) -> list[tuple[GroupStats, list[EvalRow], bool]]:
     """(stats, rows, k1_only) per table line; mse-pseudo also gets a [k1 only] line."""
     out = []
     for key in sorted(groups, key=lambda k: method_rank(k[0])):
@@ -108,17 +108,18 @@ def _method_cell(s: GroupStats) -> str:
     return s.label if s.keyed else f"{s.label} †"
 
 
-def _single_draft(rows: Sequence[Row], info: RunInfo) -> str:
-    singles = [r for r in rows if r["method"] in METHODS and not METHODS[r["method"]].multi_draft]
-    lookaheads = sorted({r["lookahead"] for r in singles if r["lookahead"] is not None})
+def _single_draft(rows: Sequence[EvalRow], info: RunInfo) -> str:
+    singles = [r for r in rows if r.method in METHODS and not METHODS[r.method].multi_draft]
+    lookaheads = sorted({r.lookahead for r in singles if r.lookahead is not None})
     if not singles:
         return ""
     t = headline_tokens(info)
     out = ["## Single draft (per L)\n"]
     head = "| method | n | AATPS | tokens/s | " + " | ".join(f"ANLPPT-{c}" for _, c in SCORE_COLUMNS)
     head += f" | TPR@{t} | LPPL | ROUGE-L |"
-    for ell in lookaheads or [None]:
-        groups = group_rows(r for r in singles if r["lookahead"] in (ell, None))
+    ells: list[int | None] = [*lookaheads] or [None]
+    for ell in ells:
+        groups = group_rows(r for r in singles if r.lookahead in (ell, None))
         out += [f"### L = {ell}\n" if ell else "", head, _rule(head)]
         for s, mine, k1_only in _table_rows(groups):
             anl = " | ".join(_pm(s.anlppt[k]) for k, _ in SCORE_COLUMNS)
@@ -131,29 +132,29 @@ def _single_draft(rows: Sequence[Row], info: RunInfo) -> str:
     return "\n".join(out)
 
 
-def _multi_draft(rows: Sequence[Row]) -> str:
-    multi = [r for r in rows if r["method"] in ("mpfr", "gls")]
+def _multi_draft(rows: Sequence[EvalRow]) -> str:
+    multi = [r for r in rows if r.method in ("mpfr", "gls")]
     if not multi:
         return ""
     out = ["## Multi-draft: MPFR vs GLS (Table 1 shape)\n"]
-    for ell in sorted({r["lookahead"] for r in multi}):
+    for ell in sorted({r.lookahead for r in multi if r.lookahead is not None}):
         out += [
             f"### L = {ell}\n",
             "| B | MPFR AATPS | GLS AATPS | MPFR − GLS (paired) | MPFR tokens/s | GLS tokens/s | "
             "MPFR ANLPPT-U | GLS ANLPPT-U | MPFR LPPL | GLS LPPL |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for b in sorted({r["drafts"] for r in multi if r["lookahead"] == ell}):
+        for b in sorted({r.drafts for r in multi if r.lookahead == ell}):
             out.append(_multi_line(b, *(_setting(multi, m, ell, b) for m in ("mpfr", "gls"))))
         out.append("")
     return "\n".join(out)
 
 
-def _setting(rows: Sequence[Row], method: str, lookahead: int, drafts: int) -> list[Row]:
-    return [r for r in rows if (r["method"], r["lookahead"], r["drafts"]) == (method, lookahead, drafts)]
+def _setting(rows: Sequence[EvalRow], method: str, lookahead: int, drafts: int) -> list[EvalRow]:
+    return [r for r in rows if (r.method, r.lookahead, r.drafts) == (method, lookahead, drafts)]
 
 
-def _multi_line(drafts: int, mpfr: list[Row], gls: list[Row]) -> str:
+def _multi_line(drafts: int, mpfr: list[EvalRow], gls: list[EvalRow]) -> str:
     """One B of the multi-draft table; the larger mean AATPS in bold."""
     stats = [group_stats(rows) if rows else None for rows in (mpfr, gls)]
     aatps = [_pm(s.aatps, 2) if s else "-" for s in stats]
@@ -173,34 +174,34 @@ def _multi_line(drafts: int, mpfr: list[Row], gls: list[Row]) -> str:
     )
 
 
-def paired_differences(a: Sequence[Row], b: Sequence[Row], field: str = "aatps") -> list[float]:
+def paired_differences(a: Sequence[EvalRow], b: Sequence[EvalRow], field: str = "aatps") -> list[float]:
     """a's minus b's `field`, matched by prompt and seed."""
-    other = {(r["prompt_key"], r["seed"]): r[field] for r in b}
+    other = {(r.prompt_key, r.seed): float(getattr(r, field)) for r in b}
     return [
-        r[field] - other[(r["prompt_key"], r["seed"])] for r in a if (r["prompt_key"], r["seed"]) in other
+        float(getattr(r, field)) - other[(r.prompt_key, r.seed)] for r in a if (r.prompt_key, r.seed) in other
     ]
 
 
-def headline_groups(rows: Sequence[Row]) -> list[list[Row]]:
+def headline_groups(rows: Sequence[EvalRow]) -> list[list[EvalRow]]:
     """One setting per method for curves: the largest L (and the largest B for multi-draft ones)."""
     out = []
-    for method in sorted({r["method"] for r in rows}, key=method_rank):
-        mine = [r for r in rows if r["method"] == method]
-        ell = max((r["lookahead"] or 0) for r in mine)
-        b = max(r["drafts"] for r in mine if (r["lookahead"] or 0) == ell)
-        out.append([r for r in mine if (r["lookahead"] or 0) == ell and r["drafts"] == b])
+    for method in sorted({r.method for r in rows}, key=method_rank):
+        mine = [r for r in rows if r.method == method]
+        ell = max((r.lookahead or 0) for r in mine)
+        b = max(r.drafts for r in mine if (r.lookahead or 0) == ell)
+        out.append([r for r in mine if (r.lookahead or 0) == ell and r.drafts == b])
     return out
 
 
-def _label(rows: Sequence[Row]) -> str:
+def _label(rows: Sequence[EvalRow]) -> str:
     r = rows[0]
-    if r["lookahead"] is None:
-        return str(r["method"])
-    drafts = f", B={r['drafts']}" if r["drafts"] > 1 else ""
-    return f"{r['method']} (L={r['lookahead']}{drafts})"
+    if r.lookahead is None:
+        return str(r.method)
+    drafts = f", B={r.drafts}" if r.drafts > 1 else ""
+    return f"{r.method} (L={r.lookahead}{drafts})"
 
 
-def _tpr_curves(rows: Sequence[Row], info: RunInfo) -> str:
+def _tpr_curves(rows: Sequence[EvalRow], info: RunInfo) -> str:
     if not rows:
         return ""
     tokens = _eval_tokens(info)
@@ -210,10 +211,10 @@ def _tpr_curves(rows: Sequence[Row], info: RunInfo) -> str:
         "|---|---" + "|---" * len(tokens) + "|",
     ]
     for group in headline_groups(rows):
-        variants = [False, True] if group[0]["method"] == "mse-pseudo" else [False]
+        variants = [False, True] if group[0].method == "mse-pseudo" else [False]
         for k1_only in variants:
             label = _label(group) + (" [k1 only]" if k1_only else "")
-            label += "" if group[0]["keyed"] else " † (FPR)"
+            label += "" if group[0].keyed else " † (FPR)"
             cells = " | ".join(_rate(tpr(group, t, k1_only=k1_only)) for t in tokens)
             out.append(f"| {label} | {len(group)} | {cells} |")
     out.append(
@@ -222,7 +223,7 @@ def _tpr_curves(rows: Sequence[Row], info: RunInfo) -> str:
     return "\n".join(out)
 
 
-def _calibration(rows: Sequence[Row], spec: WatermarkSpec) -> str:
+def _calibration(rows: Sequence[EvalRow], spec: WatermarkSpec) -> str:
     if not rows:
         return ""
     out = [
@@ -230,10 +231,10 @@ def _calibration(rows: Sequence[Row], spec: WatermarkSpec) -> str:
         "| texts | n | p <= alpha | rate | 95% interval | consistent with alpha |",
         "|---|---|---|---|---|---|",
     ]
-    controls = [r for r in rows if not r["keyed"]]
-    for name in sorted({r["method"] for r in controls}, key=method_rank):
-        mine = [r for r in controls if r["method"] == name]
-        hits = sum(r["log_p"]["aaronson"] <= math.log(ALPHA) for r in mine)
+    controls = [r for r in rows if not r.keyed]
+    for name in sorted({r.method for r in controls}, key=method_rank):
+        mine = [r for r in controls if r.method == name]
+        hits = sum(r.log_p["aaronson"] <= math.log(ALPHA) for r in mine)
         iv = binomial_interval(hits, len(mine))
         out.append(
             f"| {name}, full length, watermark key | {iv.n} | {iv.k} | {iv.rate:.3f} | "
@@ -249,8 +250,8 @@ def _calibration(rows: Sequence[Row], spec: WatermarkSpec) -> str:
     return "\n".join(out)
 
 
-def _pseudo_tau(rows: Sequence[Row], info: RunInfo) -> str:
-    pseudo = [r for r in rows if r["method"] == "mse-pseudo"]
+def _pseudo_tau(rows: Sequence[EvalRow], info: RunInfo) -> str:
+    pseudo = [r for r in rows if r.method == "mse-pseudo"]
     if len(pseudo) < 2:
         return ""
     group = headline_groups(pseudo)[0]
@@ -275,7 +276,7 @@ def _pseudo_tau(rows: Sequence[Row], info: RunInfo) -> str:
     return "\n".join(out)
 
 
-def _ablation(rows: Sequence[Row], info: RunInfo) -> str:
+def _ablation(rows: Sequence[EvalRow], info: RunInfo) -> str:
     groups = ablation_groups(rows)
     if not groups:
         return ""
@@ -318,7 +319,7 @@ def _ablation(rows: Sequence[Row], info: RunInfo) -> str:
     return "\n".join([*out, "", *drift_lines, ""])
 
 
-def _pooled(rows: Sequence[Row]) -> str:
+def _pooled(rows: Sequence[EvalRow]) -> str:
     if not rows:
         return ""
     out = [

@@ -4,6 +4,7 @@ computations, crash-safe results files, and run-level settings pinned across rer
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -18,6 +19,7 @@ from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.errors import InputError
 from wmark.eval.aggregate import ablation_groups
 from wmark.eval.prompts import Prompt
+from wmark.eval.rows import EvalRow
 from wmark.eval.runner import (
     EvalModels,
     Job,
@@ -98,6 +100,17 @@ def test_invalid_setting_values_fail_before_any_model_runs():
         Setting(method="mpfr", lookahead=4, drafts=99, drafter="d", draft_temperature=1.0).sampler(INFO)
 
 
+@functools.cache
+def _pfr_row() -> EvalRow:
+    job = Job(PROMPT, Setting(method="pfr", lookahead=3, drafter="fake-drafter", draft_temperature=1.0), 0)
+    return run_job(job, models=_models(), key=KEY, info=INFO)
+
+
+def _row(row_id: str) -> EvalRow:
+    """A real row of the fake models, renamed: the results file and the ablation need only ids."""
+    return dataclasses.replace(_pfr_row(), row_id=row_id, prompt_key=row_id)
+
+
 def test_row_figures_match_direct_computations():
     models = _models()
     rows = {
@@ -109,18 +122,18 @@ def test_row_figures_match_direct_computations():
         }.items()
     }
     pfr = rows["pfr"]
-    assert pfr["token_ids"] == rows["basic-uwm"]["token_ids"]  # same key and request seed: same text
-    assert pfr["aatps"] == pytest.approx(pfr["n_tokens"] / len(pfr["blocks"]))
-    assert pfr["target_forwards"] == len(pfr["blocks"]) and sum(pfr["blocks"]) == pfr["n_tokens"] == 40
+    assert pfr.token_ids == rows["basic-uwm"].token_ids  # same key and request seed: same text
+    assert pfr.aatps == pytest.approx(pfr.n_tokens / len(pfr.blocks))
+    assert pfr.target_forwards == len(pfr.blocks) and sum(pfr.blocks) == pfr.n_tokens == 40
     # LPPL under the known P, ROUGE-L against the reference, pivots scored by the core
-    expected_lppl = float(np.mean([-math.log(P[t]) for t in pfr["token_ids"]]))
-    assert pfr["lppl"] == pytest.approx(expected_lppl) and pfr["lppl_dropped"] == 0
-    assert 0.0 < pfr["rouge_l"] <= 1.0
-    assert pfr["log_p"]["aaronson"] == score_pivots(np.array(pfr["pivots"]), "aaronson").log_p
-    assert pfr["n_scored"] == len(pfr["scored_positions"]) == 40 - len(pfr["masked_positions"])
-    assert pfr["prompt_tail"] == [1, 2, 3, 4, 5, 6] and pfr["keyed"] is True
-    assert rows["mse"]["token_ids"] != pfr["token_ids"]
-    json.dumps(rows)  # every row is JSON-ready
+    expected_lppl = float(np.mean([-math.log(P[t]) for t in pfr.token_ids]))
+    assert pfr.lppl == pytest.approx(expected_lppl) and pfr.lppl_dropped == 0
+    assert 0.0 < pfr.rouge_l <= 1.0
+    assert pfr.log_p["aaronson"] == score_pivots(np.array(pfr.pivots), "aaronson").log_p
+    assert pfr.n_scored == len(pfr.scored_positions) == 40 - len(pfr.masked_positions)
+    assert pfr.prompt_tail == [1, 2, 3, 4, 5, 6] and pfr.keyed is True
+    assert rows["mse"].token_ids != pfr.token_ids
+    json.dumps({m: r.to_json() for m, r in rows.items()})  # every row is JSON-ready
 
 
 def test_request_seed_is_shared_by_methods_and_differs_by_prompt_and_seed():
@@ -137,17 +150,17 @@ def test_request_seed_is_shared_by_methods_and_differs_by_prompt_and_seed():
 def test_results_file_survives_a_torn_line(tmp_path: Path):
     results = ResultsFile(tmp_path / "results.jsonl")
     assert results.load() == []
-    results.append({"row_id": "a"})
-    results.append({"row_id": "b"})
+    results.append(_row("a"))
+    results.append(_row("b"))
     with results.path.open("a") as f:
-        f.write('{"row_id": "c", "tok')  # a crash in the middle of an append
+        f.write(json.dumps(_row("c").to_json())[:40])  # a crash in the middle of an append
     torn = results.path.read_bytes()
-    assert [r["row_id"] for r in results.load()] == ["a", "b"]
+    assert [r.row_id for r in results.load()] == ["a", "b"]
     assert results.path.read_bytes() == torn  # a reader never modifies the file
-    assert [r["row_id"] for r in results.load(repair=True)] == ["a", "b"]
+    assert [r.row_id for r in results.load(repair=True)] == ["a", "b"]
     assert results.path.read_text().endswith("}\n")  # the writer cuts the torn tail off
-    results.append({"row_id": "c"})
-    assert [r["row_id"] for r in results.load()] == ["a", "b", "c"]
+    results.append(_row("c"))
+    assert [r.row_id for r in results.load()] == ["a", "b", "c"]
 
 
 def test_one_writer_per_folder(tmp_path: Path):
@@ -168,7 +181,7 @@ def test_one_writer_per_folder(tmp_path: Path):
 
 def test_results_file_refuses_a_corrupt_middle_line(tmp_path: Path):
     path = tmp_path / "results.jsonl"
-    path.write_text('{"row_id": "a"}\nnot json\n{"row_id": "b"}\n')
+    path.write_text(f"{json.dumps(_row('a').to_json())}\nnot json\n{json.dumps(_row('b').to_json())}\n")
     with pytest.raises(InputError, match="line 2: not valid JSON"):
         ResultsFile(path).load()
 
@@ -186,16 +199,10 @@ def test_run_info_pins_run_level_settings(tmp_path: Path):
 
 
 def test_drafter_ablation_compares_conditions_on_the_same_texts():
-    def row(prompt: str, drafter: str | None, temperature: float | None) -> dict[str, object]:
-        return {
-            "method": "pfr",
-            "lookahead": 4,
-            "drafts": 1,
-            "drafter": drafter,
-            "draft_temperature": temperature,
-            "prompt_key": prompt,
-            "seed": 0,
-        }
+    def row(prompt: str, drafter: str | None, temperature: float | None) -> EvalRow:
+        return dataclasses.replace(
+            _row(prompt), method="pfr", lookahead=4, drafter=drafter, draft_temperature=temperature
+        )
 
     rows = [row(p, "embedded", 1.0) for p in "abcde"]  # the default drafter ran 5 prompts
     rows += [row(p, "embedded", 0.5) for p in "abc"]  # the ablation 3 of them
@@ -206,4 +213,4 @@ def test_drafter_ablation_compares_conditions_on_the_same_texts():
     conditions = groups[("pfr", 4, 1)]
     assert set(conditions) == {("embedded", 1.0), ("embedded", 0.5), ("target", 1.0)}
     for kept in conditions.values():
-        assert sorted(r["prompt_key"] for r in kept) == ["b", "c"]
+        assert sorted(r.prompt_key for r in kept) == ["b", "c"]
