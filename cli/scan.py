@@ -75,6 +75,13 @@ def scan(
     column: Annotated[
         str | None, typer.Option(help="parquet: the column that holds the text (one document per row).")
     ] = None,
+    follow_links: Annotated[
+        bool,
+        typer.Option(
+            help="Read symbolic links that lead out of a scanned folder or glob, and walk linked "
+            "folders. Default: such a link is an error row and is not read."
+        ),
+    ] = False,
     sql: Annotated[
         str | None,
         typer.Option(help="Scan a SQL table instead: a SQLAlchemy URL, e.g. postgresql+psycopg://u@host/db."),
@@ -135,7 +142,7 @@ def scan(
           --out posts.jsonl --dask tcp://scheduler:8786
       wmark scan reports/ --out results.jsonl --resume
     """
-    options = SourceOptions(format=fmt, field=field, column=column)
+    options = SourceOptions(format=fmt, field=field, column=column, follow_links=follow_links)
     with open_registry() as registry:
         keys = registry.detection_keys(key)
         tokenizers = {sha: registry.tokenizer_json(sha) for sha in {k.spec.tokenizer.sha256 for k in keys}}

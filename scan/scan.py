@@ -10,11 +10,11 @@ resumed with `--resume` writes the same output as one that was never interrupted
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,8 @@ def _batches(
             task.rows.append(ScanRow.failed(doc.source, doc.doc_id, doc.error or "unreadable"))
         elif not doc.text.strip():
             task.rows.append(ScanRow.failed(doc.source, doc.doc_id, "the text is empty"))
+        elif (invalid := _not_unicode(doc.text)) is not None:
+            task.rows.append(ScanRow.failed(doc.source, doc.doc_id, invalid))
         else:
             task.slots.append(len(task.rows))
             task.rows.append(None)
@@ -121,6 +123,16 @@ def _batches(
     if task.rows:
         task.work = tuple(work)
         yield task
+
+
+def _not_unicode(text: str) -> str | None:
+    # A JSON "\ud800" escape (or a database driver) can give a str with an unpaired surrogate:
+    # no tokenizer takes it, so it is this document's error, found before it reaches a worker.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"not valid Unicode text (an unpaired surrogate at character {exc.start})"
+    return None
 
 
 def run_scan(
@@ -259,7 +271,7 @@ def _retry_or_fail(
 ) -> None:
     task.attempts += 1
     if task.attempts < _ATTEMPTS:
-        if isinstance(exc, cf.process.BrokenProcessPool) and task.generation == executor.generation:
+        if isinstance(exc, BrokenProcessPool) and task.generation == executor.generation:
             executor.restart()
         submit(task)
         return
@@ -422,6 +434,8 @@ def prepare_scan(
             "min_window": min_window,
             "output_format": fmt,
         }
+        if options.follow_links:  # only when set: a manifest written before the option resumes
+            settings["follow_links"] = True
         journal = Journal.open(out, settings=settings, resume=resume, overwrite=overwrite)
     except BaseException:
         if isinstance(source, SqlSource):

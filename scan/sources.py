@@ -47,11 +47,15 @@ class SourceOptions:
         format: force this format for every file (else by extension).
         field: the jsonl/csv field that holds the text.
         column: the parquet column that holds the text.
+        follow_links: read symbolic links that lead out of a walked directory or a glob's
+            folder, and walk linked directories; by default a link out of the tree is an error
+            row, so a scan of a shared folder never reads what its owner cannot see there.
     """
 
     format: str | None = None
     field: str | None = None
     column: str | None = None
+    follow_links: bool = False
 
     def __post_init__(self) -> None:
         if self.format is not None and self.format not in FORMATS:
@@ -110,6 +114,8 @@ class FileSource:
     Listing happens here, at once, so bad URLs fail before a scan starts. Hidden files and
     directories are skipped when a directory is walked or a glob expanded; files of unknown
     format found that way are skipped and counted; a named file of unknown format is an error.
+    A local walk or glob does not follow symbolic links out of its folder (nor into linked
+    directories) unless `options.follow_links`; a named file is read wherever it leads.
 
     Args:
         urls: what the user named.
@@ -127,7 +133,7 @@ class FileSource:
         fsspec = _fsspec()
         self.options = options
         self.skipped: list[str] = []
-        self.unlisted: list[Document] = []  # directories that could not be listed
+        self.unlisted: list[Document] = []  # directories that could not be listed, links not followed
         excluded = {os.path.realpath(p) for p in exclude}
         files: dict[str, _File] = {}
         for url in urls:
@@ -168,7 +174,12 @@ class FileSource:
                 found = fs.glob(path, detail=True)
                 root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
                 for name in sorted(found):
-                    if found[name].get("type") == "file" and not _hidden(name[len(root) :]):
+                    if _hidden(name[len(root) :]):
+                        continue
+                    if _is_local(fs) and found[name].get("islink"):  # listed with its own lstat
+                        if os.path.isfile(name) and self._inside(name, os.path.realpath(root or "/")):
+                            yield name, os.path.getsize(name), False
+                    elif found[name].get("type") == "file":
                         yield name, int(found[name].get("size") or 0), False
                 return
             info = {"type": "directory"} if _is_directory(fs, path) else fs.info(path)
@@ -185,17 +196,40 @@ class FileSource:
         except (OSError, ValueError) as exc:
             raise InputError(f"{url}: {_message(exc)}") from exc
 
+    def _inside(self, path: str, root_real: str) -> bool:
+        """Whether a listed file may be read: it resolves inside `root_real`, or links are
+        followed; a link out of the tree becomes an error document instead."""
+        if self.options.follow_links:
+            return True
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, root_real]) == root_real:
+            return True
+        message = "a symbolic link out of the scanned folder, not followed (--follow-links reads it)"
+        self.unlisted.append(Document(os.path.abspath(path), "", None, message, 0))
+        return False
+
     def _walk_local(self, root: str) -> Iterator[tuple[str, int, bool]]:
         def unlisted(exc: OSError) -> None:
             where = os.path.abspath(exc.filename or root)
             self.unlisted.append(Document(where, "", None, f"cannot list directory ({_message(exc)})", 0))
 
-        for directory, subdirs, names in os.walk(root, onerror=unlisted):
+        follow = self.options.follow_links
+        root_real = os.path.realpath(root)
+        walked: set[str] = set()
+        for directory, subdirs, names in os.walk(root, onerror=unlisted, followlinks=follow):
+            if follow:  # followed links can lead back up the tree: walk each real directory once
+                real = os.path.realpath(directory)
+                if real in walked:
+                    subdirs[:] = []
+                    continue
+                walked.add(real)
             subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
             for name in sorted(names):
                 if name.startswith("."):
                     continue
                 path = os.path.join(directory, name)
+                if os.path.islink(path) and not self._inside(path, root_real):
+                    continue
                 try:
                     if os.path.isfile(path):
                         yield path, os.path.getsize(path), False
@@ -209,10 +243,15 @@ class FileSource:
             yield from self._read(file)
 
     def _read(self, file: _File) -> Iterator[Document]:
+        # Whatever goes wrong reading one file (a store error, a corrupt archive: decompressors
+        # raise their own exception types) is that file's error document; only the settings'
+        # InputErrors (a missing extra) stop the scan.
         try:
             raw = file.fs.open(file.path, "rb")
-        except OSError as exc:
-            yield Document(file.label, "", None, f"cannot read ({_message(exc)})", file.size)
+        except InputError:
+            raise
+        except Exception as exc:
+            yield Document(file.label, "", None, f"cannot read ({_read_message(exc)})", file.size)
             return
         with raw:
             compression = compression_of(file.path)
@@ -220,7 +259,13 @@ class FileSource:
             if compression is not None:
                 from fsspec.compression import compr
 
-                stream = compr[compression](raw, mode="rb")
+                try:
+                    stream = compr[compression](raw, mode="rb")
+                except Exception as exc:
+                    yield Document(
+                        file.label, "", None, f"cannot decompress ({_read_message(exc)})", file.size
+                    )
+                    return
             yield from self._with_sizes(file, raw, records(stream, file.format, **self._fields()))
 
     def _fields(self) -> dict[str, str | None]:
@@ -236,9 +281,11 @@ class FileSource:
         while True:
             try:
                 record = next(found, None)
-            except (OSError, EOFError) as exc:  # the store failed mid-file, or a truncated archive
+            except InputError:
+                raise
+            except Exception as exc:  # the store failed mid-file, a truncated or corrupt archive
                 after = f"after {pending.doc_id}" if pending is not None else "at the start"
-                failure = f"read failed {after} ({_message(exc)})"
+                failure = f"read failed {after} ({_read_message(exc)})"
                 record = None
             if record is None:
                 break
@@ -268,6 +315,17 @@ def _message(exc: BaseException) -> str:
         return exc.strerror
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
+
+
+def _read_message(exc: Exception) -> str:
+    # Decompressors and parsers raise their own types (LZMAError, zlib.error, BadZipFile), whose
+    # text says little without the type.
+    if isinstance(exc, OSError):
+        return _message(exc)
+    kind = type(exc).__name__
+    if kind == "error":  # zlib.error, binascii.error: the module names them
+        kind = f"{type(exc).__module__}.error"
+    return f"{kind}: {_message(exc)}"
 
 
 class SqlSource:

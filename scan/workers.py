@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
+import select
 import signal
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wmark.detector.detect import Detector
-from wmark.detector.localize import Localizer
+from wmark.detector.localize import Localization, Localizer
 from wmark.errors import InputError, WmarkError
 from wmark.keymaterial import KeyMaterial
 from wmark.scan.rows import ScanRow
@@ -72,15 +77,36 @@ Batch = tuple[tuple[str, str, str], ...]
 
 
 def detect_batch(localizer: Localizer, alpha: float, batch: Batch) -> list[ScanRow]:
-    """One row per document of the batch, in order; a document that fails gets an error row."""
-    found = localizer.localize_many([text for _, _, text in batch], alpha=alpha)
+    """One row per document of the batch, in order; a document that fails gets an error row.
+
+    The batch is tokenised in one call for speed; if that call fails on anything but a
+    per-document `WmarkError` (one text the tokenizer rejects fails the whole call), each
+    document is tested alone, so the failure becomes that document's error row and the others
+    still get their verdicts.
+    """
+    texts = [text for _, _, text in batch]
+    found: list[Localization | Exception]
+    try:
+        found = list(localizer.localize_many(texts, alpha=alpha))
+    except Exception:
+        found = [_localize_one(localizer, alpha, text) for text in texts]
     rows = []
     for (source, doc_id, _), result in zip(batch, found, strict=True):
         if isinstance(result, WmarkError):
             rows.append(ScanRow.failed(source, doc_id, str(result)))
+        elif isinstance(result, Exception):
+            message = f"detection failed ({type(result).__name__}: {result})"[:500]
+            rows.append(ScanRow.failed(source, doc_id, message))
         else:
             rows.append(ScanRow.detected(source, doc_id, result))
     return rows
+
+
+def _localize_one(localizer: Localizer, alpha: float, text: str) -> Localization | Exception:
+    try:
+        return localizer.localize_many([text], alpha=alpha)[0]
+    except Exception as exc:  # this document's own failure, reported in its row
+        return exc
 
 
 _CACHE: dict[str, Localizer] = {}  # per worker process, by WorkerConfig.token
@@ -92,8 +118,55 @@ def _single_threaded() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
-def _pool_init(config: WorkerConfig) -> None:
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_WATCH_SECONDS = 1.0  # how often the portable watchdog looks at the driver
+
+
+def _exit_with_driver(driver: int) -> None:
+    """End this worker process when the scan's driver process `driver` ends, even by SIGKILL.
+
+    A pool's workers would otherwise outlive a killed driver (re-parented to init, blocked on a
+    task queue that other workers keep open) and hold their memory forever. On Linux the kernel
+    kills this process when its parent (the fork server, or the driver itself) exits
+    (PR_SET_PDEATHSIG), and a thread waits on a pidfd of the driver; elsewhere, or on kernels
+    without pidfds, the thread looks every second whether the driver still exists and whether
+    this process was re-parented.
+    """
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):  # no usable libc: the thread still watches
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    watch = threading.Thread(
+        target=_watch_driver, args=(driver, os.getppid()), name="wmark-watch", daemon=True
+    )
+    watch.start()
+
+
+def _watch_driver(driver: int, parent: int) -> None:
+    try:
+        pidfd = os.pidfd_open(driver)
+    except ProcessLookupError:
+        os._exit(1)  # already gone
+    except (AttributeError, OSError):  # not Linux >= 5.3: poll
+        while _exists(driver) and os.getppid() == parent:
+            time.sleep(_WATCH_SECONDS)
+        os._exit(1)
+    select.select([pidfd], [], [])  # readable once the driver has exited
+    os._exit(1)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        pass
+    return True
+
+
+def _pool_init(config: WorkerConfig, driver: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    _exit_with_driver(driver)
     _single_threaded()
     _CACHE[config.token] = config.build()
 
@@ -199,7 +272,7 @@ class PoolExecutor:
             max_workers=self.slots,
             mp_context=_worker_context(),
             initializer=_pool_init,
-            initargs=(self.config,),
+            initargs=(self.config, os.getpid()),
         )
 
     def submit(self, batch: Batch) -> cf.Future[list[ScanRow]]:

@@ -222,6 +222,7 @@ def test_help_explains_sources_windows_and_resume():
         "--dask",
         "--window",
         "--workers",
+        "--follow-links",
         "s3://",
     ):
         assert word in result.stdout
@@ -238,3 +239,56 @@ def test_heavy_scan_dependencies_are_imported_lazily():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_one_bad_record_is_one_error_row_in_a_fresh_process(tmp_path, key_id, workers):
+    # The reproduction, in a fresh interpreter (where `concurrent.futures.process` is not
+    # imported by anything else): the bad record is one error row, the good one is scanned.
+    source = tmp_path / "s.jsonl"
+    source.write_text('{"text":"w1 w2 w3"}\n{"text":"\\ud800"}\n', encoding="utf-8")
+    out = tmp_path / "o.jsonl"
+    command = [sys.executable, "-m", "wmark.cli", "scan", str(source), "--field", "text"]
+    done = subprocess.run(
+        [*command, "--out", str(out), "--workers", workers], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["doc_id"], r["verdict"]) for r in rows] == [
+        ("line:1", "insufficient_evidence"),
+        ("line:2", "error"),
+    ]
+    assert "unpaired surrogate" in rows[1]["error"]
+
+
+def test_a_corrupt_compressed_file_is_an_error_row(tmp_path, key_id):
+    root = tmp_path / "d"
+    root.mkdir()
+    (root / "x.md.xz").write_bytes(np.random.default_rng(6).bytes(500))  # as `head -c 500 /dev/urandom`
+    (root / "a.txt").write_text(_human(7), encoding="utf-8")
+    out = tmp_path / "o.jsonl"
+    result = _invoke("scan", str(root), "--out", str(out), "--workers", "0")
+    assert result.exit_code == 0, result.output
+    rows = {Path(r["source"]).name: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["a.txt"]["verdict"] != "error"
+    assert rows["x.md.xz"]["verdict"] == "error" and "LZMAError" in rows["x.md.xz"]["error"]
+
+
+def test_links_out_of_the_scanned_folder_are_not_read_unless_asked(tmp_path, key_id):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text(_human(8), encoding="utf-8")
+    root = tmp_path / "d"
+    root.mkdir()
+    (root / "a.txt").write_text(_human(9), encoding="utf-8")
+    (root / "link.txt").symlink_to(outside / "secret.txt")
+    out = tmp_path / "o.jsonl"
+    assert _invoke("scan", str(root), "--out", str(out), "--workers", "0").exit_code == 0
+    rows = {Path(r["source"]).name: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["link.txt"]["verdict"] == "error" and "--follow-links" in rows["link.txt"]["error"]
+    assert rows["link.txt"]["n_tokens"] is None  # never read
+    followed = tmp_path / "f.jsonl"
+    result = _invoke("scan", str(root), "--out", str(followed), "--workers", "0", "--follow-links")
+    assert result.exit_code == 0, result.output
+    rows = {Path(r["source"]).name: r for r in map(json.loads, followed.read_text().splitlines())}
+    assert rows["link.txt"]["verdict"] != "error" and rows["link.txt"]["n_tokens"] == 150

@@ -9,6 +9,7 @@ same way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -143,3 +144,64 @@ def test_ctrl_c_leaves_a_resumable_output(store, tmp_path):
     assert final.returncode == 0, final.stderr.decode()
     assert json.loads(final.stdout)["resumed"] == committed
     assert out.read_bytes() == expected
+
+
+def _children() -> dict[int, list[int]]:
+    found: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # the command name may hold spaces and parentheses: the fields after the last ")"
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            found.setdefault(ppid, []).append(int(entry.name))
+    return found
+
+
+def _descendants(pid: int) -> set[int]:
+    children, found, todo = _children(), set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:  # a zombie has exited: only its exit status waits to be collected
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists processes through /proc (Linux)")
+def test_sigkill_of_the_driver_alone_ends_its_worker_processes(store, tmp_path):
+    # Only the driver is killed (not its process group, which a terminal or systemd would kill
+    # whole): the pool's workers, the fork server and the resource tracker must notice and exit.
+    out = tmp_path / "out.jsonl"
+    proc = _start(_command(store, out))
+    left: set[int] = set()
+    try:
+        assert _wait_for_progress(proc, out, 0, time.monotonic() + 120), "the scan committed nothing"
+        helpers = _descendants(proc.pid)
+        assert len(helpers) >= 2, helpers  # at least the two workers (their fork server, a tracker)
+        proc.kill()
+        proc.wait()  # not communicate(): surviving workers would hold its stderr pipe open
+        # Bounded by progress: poll until every helper has exited, with a generous bound for a busy
+        # machine (they notice within a second or two).
+        deadline = time.monotonic() + 60
+        left = set(helpers)
+        while left and time.monotonic() < deadline:
+            left = {pid for pid in left if _running(pid)}
+            time.sleep(0.1)
+        assert not left, f"still running after the driver was killed: {sorted(left)}"
+    finally:
+        for pid in left:  # never leave a failed run's processes behind
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()

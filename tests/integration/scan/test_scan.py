@@ -445,3 +445,59 @@ def test_an_output_that_cannot_be_written_is_an_input_error(tmp_path):
         Journal.open(tmp_path / "out.jsonl", settings={}, overwrite=True)
     with pytest.raises(InputError, match="does not exist"):
         Journal.open(tmp_path / "missing" / "out.jsonl", settings={})
+
+
+@pytest.mark.parametrize(
+    ("workers", "dask"),
+    [(0, None), (1, None), (2, None), (2, "local")],
+    ids=["inline", "pool-1", "pool-2", "dask"],
+)
+def test_an_invalid_document_is_one_error_row_with_every_executor(
+    corpus, tmp_path, word_key, word_tokenizer_json, workers, dask
+):
+    # A JSON "\ud800" escape decodes to a str no tokenizer takes; it used to fail its whole batch.
+    root, _ = corpus
+    _scan(root, tmp_path / "reference.jsonl", word_key, word_tokenizer_json)
+    rng = np.random.default_rng(5)
+    lines = [json.dumps({"text": _human(rng)}) for _ in range(10)]
+    lines[3] = '{"text": "w1 \\ud800 w2"}'
+    (root / "bad.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    _scan(root, out, word_key, word_tokenizer_json, workers=workers, dask=dask, batch_docs=16)
+    rows = _jsonl(out)
+    bad = str(root / "bad.jsonl")
+    errors = [(r["doc_id"], r["error"]) for r in rows if r["source"] == bad and r["verdict"] == "error"]
+    assert errors == [("line:4", "not valid Unicode text (an unpaired surrogate at character 3)")]
+    assert sum(r["source"] == bad for r in rows) == 10
+    assert [r for r in rows if r["source"] != bad] == _jsonl(tmp_path / "reference.jsonl")
+
+
+class _TokenizerRejects:
+    """A localizer whose batch tokenisation fails on one text, as the tokenizer's does."""
+
+    def __init__(self, localizer: Any) -> None:
+        self.localizer = localizer
+
+    def localize_many(self, texts: Sequence[str], *, alpha: float) -> list[Any]:
+        if any("boom" in t for t in texts):
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, ...]")
+        return list(self.localizer.localize_many(texts, alpha=alpha))
+
+
+def test_a_document_that_fails_detection_is_its_own_error_row(word_key, word_tokenizer_json):
+    config = WorkerConfig(
+        keys=(word_key,),
+        tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
+        alpha=ALPHA,
+        min_window=32,
+    )
+    rng = np.random.default_rng(4)
+    batch: Batch = tuple(("mem", f"row:{i}", "boom" if i == 2 else _human(rng)) for i in range(6))
+    localizer = config.build()
+    rows = detect_batch(_TokenizerRejects(localizer), ALPHA, batch)  # type: ignore[arg-type]
+    assert [r.doc_id for r in rows] == [f"row:{i}" for i in range(6)]
+    assert rows[2] == ScanRow.failed(
+        "mem", "row:2", "detection failed (TypeError: TextEncodeInput must be Union[TextInputSequence, ...])"
+    )
+    good = [b for i, b in enumerate(batch) if i != 2]
+    assert [r for i, r in enumerate(rows) if i != 2] == detect_batch(localizer, ALPHA, tuple(good))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import http.server
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -346,3 +348,68 @@ def test_sql_password_never_appears_in_the_source_label(pg_url):
     url = pg_url.replace("postgres@", "postgres:hunter2@")
     with SqlSource(url, "SELECT 1, 'x'") as source:
         assert "hunter2" not in source.label and "***" in source.label
+
+
+def test_corrupt_compressed_files_are_one_error_document_each(tmp_path):
+    rng = np.random.default_rng(11)
+    root = tmp_path / "d"
+    root.mkdir()
+    for name in ("x.md.xz", "y.txt.gz", "z.txt.bz2", "w.txt.lzma"):
+        (root / name).write_bytes(rng.bytes(500))  # not an archive at all
+    packed = bytearray(gzip.compress(b"w1 w2 w3 " * 2000))
+    packed[12] ^= 0xFF  # a damaged deflate block in a real archive: zlib.error, not an OSError
+    (root / "damaged.txt.gz").write_bytes(bytes(packed))
+    (root / "good.txt.xz").write_bytes(lzma.compress(b"still read"))
+    docs = _docs(FileSource([str(root)], OPTIONS))
+    assert docs.pop((str(root / "good.txt.xz"), "")) == ("still read", None)
+    assert sorted(Path(source).name for source, _ in docs) == sorted(
+        ["x.md.xz", "y.txt.gz", "z.txt.bz2", "w.txt.lzma", "damaged.txt.gz"]
+    )
+    assert all(text is None and error for text, error in docs.values())
+    assert "LZMAError" in docs[(str(root / "x.md.xz"), "")][1]
+    assert docs[(str(root / "damaged.txt.gz"), "")] == (
+        None,
+        "read failed at the start (zlib.error: Error -3 while decompressing data: invalid code lengths set)",
+    )
+
+
+def test_a_corrupt_member_of_a_zip_archive_is_an_error_document(tmp_path):
+    archive = tmp_path / "archive.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("docs/a.txt", "a good member")
+        z.writestr("docs/b.txt", "a member whose bytes are changed")
+    data = archive.read_bytes()
+    archive.write_bytes(data.replace(b"whose bytes", b"WHOSE bytes"))  # its CRC no longer matches
+    docs = _docs(FileSource([f"zip://::{archive}"], OPTIONS))
+    assert docs[(f"zip://docs/a.txt::{archive}", "")] == ("a good member", None)
+    text, error = docs[(f"zip://docs/b.txt::{archive}", "")]
+    assert text is None and error is not None and "BadZipFile" in error
+
+
+def test_links_out_of_the_tree_are_error_documents_unless_followed(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "secret.txt").write_text("secret", encoding="utf-8")
+    (outside / "sub" / "more.txt").write_text("more", encoding="utf-8")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.txt").write_text("inside", encoding="utf-8")
+    (root / "link.txt").symlink_to(outside / "secret.txt")
+    (root / "alias.txt").symlink_to(root / "a.txt")  # a link inside the tree is read
+    (root / "linked").symlink_to(outside / "sub", target_is_directory=True)
+    (root / "loop").symlink_to(root, target_is_directory=True)  # followed, it must not walk forever
+    refused = "a symbolic link out of the scanned folder, not followed (--follow-links reads it)"
+    for url in (str(root), str(root / "*.txt")):
+        docs = _docs(FileSource([url], OPTIONS))
+        assert docs == {
+            (str(root / "a.txt"), ""): ("inside", None),
+            (str(root / "alias.txt"), ""): ("inside", None),
+            (str(root / "link.txt"), ""): (None, refused),
+        }, url
+    followed = _docs(FileSource([str(root)], SourceOptions(follow_links=True)))
+    assert {Path(s).name: t for (s, _), (t, _) in followed.items()} == {
+        "a.txt": "inside",
+        "alias.txt": "inside",
+        "link.txt": "secret",
+        "more.txt": "more",
+    }
