@@ -89,6 +89,10 @@ def test_detect_files_stdin_and_json(tokenizer_file, tmp_path, planted):
         (None, ["detect", "{tmp}/[draft]/missing.txt"], "[draft]/missing.txt"),  # printed, not markup
         ("bad", ["detect", "{tmp}/bad.txt"], "not UTF-8"),
         ("empty", ["detect", "{tmp}/empty.txt"], "empty"),
+        (None, ["detect", "/dev/null"], "/dev/null is empty"),  # a device: read, not a missing file
+        ("dir", ["detect", "{tmp}/adir"], "adir is a directory: scan a folder with `wmark scan"),
+        ("big", ["detect", "--max-bytes", "1000", "{tmp}/big.txt"], "over the 1,000-byte limit"),
+        ("huge", ["detect", "{tmp}/huge.txt"], "over the 4,194,304-byte limit of --max-bytes"),
         ("ok", ["detect", "--key", "wk_unknown", "{tmp}/ok.txt"], "no key with id"),
         ("ok", ["detect", "--alpha", "0", "{tmp}/ok.txt"], "alpha"),
         (None, ["keys", "show", "wk_nope"], "no key with id"),
@@ -101,6 +105,13 @@ def test_bad_input_gives_one_line_and_exit_2(setup, args, message, tmp_path, tok
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00bad")
     (tmp_path / "empty.txt").write_text("  \n")
     (tmp_path / "ok.txt").write_text("w1 w2 w3 w4 w5 w6")
+    if setup == "dir":
+        (tmp_path / "adir").mkdir()
+    if setup == "big":
+        (tmp_path / "big.txt").write_text("w1 " * 334)  # 1,002 bytes
+    if setup == "huge":  # 50 MB (sparse): refused after reading 4 MiB + 1 bytes, not read whole
+        with open(tmp_path / "huge.txt", "wb") as fh:
+            fh.truncate(50_000_000)
     result = runner.invoke(app, [a.format(tmp=tmp_path) for a in args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr
@@ -151,3 +162,11 @@ def test_help_explains_every_command():
     assert "--alpha" in _invoke("detect", "--help").stdout
     for sub in ("create", "list", "show", "rotate", "revoke"):
         assert _invoke("keys", sub, "--help").exit_code == 0
+
+
+def test_detect_bounds_stdin_and_documents_the_limit(tokenizer_file):
+    _create_key(tokenizer_file)
+    result = runner.invoke(app, ["detect", "--max-bytes", "1000"], input="w1 " * 334)
+    assert result.exit_code == 2 and "stdin is over the 1,000-byte limit" in result.stderr
+    assert _invoke("detect", "--max-bytes", "1002", input="w1 " * 334).exit_code == 0  # at the limit
+    assert "--max-bytes" in _invoke("detect", "--help").stdout
