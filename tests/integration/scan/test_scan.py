@@ -82,6 +82,12 @@ def _scan(root: Path, out: Path, key, tokenizer_json: bytes, **kw: Any):
     )
 
 
+def _config(key, tokenizer_json: bytes) -> WorkerConfig:
+    return WorkerConfig(
+        keys=(key,), tokenizers={key.spec.tokenizer.sha256: tokenizer_json}, alpha=ALPHA, min_window=32
+    )
+
+
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -296,12 +302,7 @@ def test_failed_batches_are_retried_once_then_reported_as_error_rows(tmp_path, w
     rng = np.random.default_rng(3)
     docs = [Document("mem", f"row:{i}", _human(rng), None, 10) for i in range(20)]
     docs[13] = Document("mem", "row:13", "poison", None, 10)
-    config = WorkerConfig(
-        keys=(word_key,),
-        tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
-        alpha=ALPHA,
-        min_window=32,
-    )
+    config = _config(word_key, word_tokenizer_json)
     executor = _FlakyExecutor(config)
     journal = Journal.open(tmp_path / "out.jsonl", settings={})
     try:
@@ -382,12 +383,7 @@ def test_sql_table_scan(posts_url, tmp_path, word_key, word_tokenizer_json):
 
 
 def test_scan_rows_carry_window_fields(word_key, word_tokenizer_json, planted):
-    config = WorkerConfig(
-        keys=(word_key,),
-        tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
-        alpha=ALPHA,
-        min_window=32,
-    )
+    config = _config(word_key, word_tokenizer_json)
     rng = np.random.default_rng(6)
     text_ = _human(rng, 600) + " " + _words(planted(word_key, 150, rng)) + " " + _human(rng, 600)
     (row,) = detect_batch(config.build(), ALPHA, (("src", "1", text_),))
@@ -410,12 +406,7 @@ def test_an_unreachable_dask_scheduler_is_an_input_error_and_leaves_no_output(
 ):
     from wmark.scan.workers import DaskExecutor
 
-    config = WorkerConfig(
-        keys=(word_key,),
-        tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
-        alpha=ALPHA,
-        min_window=32,
-    )
+    config = _config(word_key, word_tokenizer_json)
     with pytest.raises(InputError, match="cannot reach the scheduler"):
         DaskExecutor(config, "tcp://127.0.0.1:9", 1, connect_timeout=1)
     (tmp_path / "a.txt").write_text("w1 w2 w3", encoding="utf-8")
@@ -485,12 +476,7 @@ class _TokenizerRejects:
 
 
 def test_a_document_that_fails_detection_is_its_own_error_row(word_key, word_tokenizer_json):
-    config = WorkerConfig(
-        keys=(word_key,),
-        tokenizers={word_key.spec.tokenizer.sha256: word_tokenizer_json},
-        alpha=ALPHA,
-        min_window=32,
-    )
+    config = _config(word_key, word_tokenizer_json)
     rng = np.random.default_rng(4)
     batch: Batch = tuple(("mem", f"row:{i}", "boom" if i == 2 else _human(rng)) for i in range(6))
     localizer = config.build()
