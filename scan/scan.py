@@ -40,7 +40,7 @@ BATCH_DOCS = 128
 BATCH_CHARS = 1 << 21  # caps what one task carries (Dask warns about large tasks)
 COMMIT_ROWS = 2048
 COMMIT_SECONDS = 1.0
-_ATTEMPTS = 2  # a batch whose worker failed is retried once, then reported as error rows
+_ATTEMPTS = 2  # a batch whose worker failed is retried once, then split in halves (see _Part)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +72,21 @@ class _Task:
     work: Batch
     slots: list[int]
     nbytes: int
+    found: list[ScanRow | None] = field(default_factory=list)  # per document of `work`
+
+
+@dataclass
+class _Part:
+    """Documents of a task that run together on a worker: at first the whole task.
+
+    A part whose worker fails is retried once (a worker killed for another part's document
+    fails every part it held); if it fails again it is split in halves, each with its own
+    retry, so a document that crashes its worker ends up alone: one error row, not a batch.
+    """
+
+    task: _Task
+    start: int  # index of its first document in task.work
+    work: Batch
     attempts: int = 0
     generation: int = 0
 
@@ -171,7 +186,7 @@ def run_scan(
     state = _State(started=time.monotonic())
     run_rows = 0
     tasks = _batches(documents, journal.done, state, batch_docs, batch_chars)
-    in_flight: dict[Any, _Task] = {}
+    in_flight: dict[Any, _Part] = {}
     ready: dict[int, list[ScanRow]] = {}
     next_seq = 0
     exhausted = False
@@ -191,9 +206,16 @@ def run_scan(
                 )
             )
 
-    def submit(task: _Task) -> None:
-        task.generation = executor.generation
-        in_flight[executor.submit(task.work)] = task
+    def submit(part: _Part) -> None:
+        part.generation = executor.generation
+        in_flight[executor.submit(part.work)] = part
+
+    def finish(part: _Part, rows: Sequence[ScanRow]) -> None:
+        found = part.task.found
+        for offset, row in zip(range(len(part.work)), rows, strict=True):
+            found[part.start + offset] = row
+        if all(row is not None for row in found):
+            complete(part.task, [row for row in found if row is not None])
 
     def complete(task: _Task, rows: Sequence[ScanRow]) -> None:
         nonlocal run_rows
@@ -224,7 +246,8 @@ def run_scan(
                 if task is None:
                     exhausted = True
                 elif task.work:
-                    submit(task)
+                    task.found = [None] * len(task.work)
+                    submit(_Part(task, 0, task.work))
                 else:
                     complete(task, [])
             flush()
@@ -232,11 +255,13 @@ def run_scan(
             if exhausted and not in_flight:
                 break
             for future in executor.wait(list(in_flight), timeout=0.25):
-                task = in_flight.pop(future)
+                part = in_flight.pop(future)
                 try:
-                    complete(task, future.result())
+                    rows = future.result()
                 except Exception as exc:
-                    _retry_or_fail(task, exc, executor, submit, complete)
+                    _retry_split_or_fail(part, exc, executor, submit, finish)
+                else:
+                    finish(part, rows)
         flush(force=True)
     except BaseException:
         with contextlib.suppress(OSError):  # a failing disk must not hide the original error
@@ -262,21 +287,25 @@ def run_scan(
     return summary
 
 
-def _retry_or_fail(
-    task: _Task,
+def _retry_split_or_fail(
+    part: _Part,
     exc: Exception,
     executor: Executor,
-    submit: Callable[[_Task], None],
-    complete: Callable[[_Task, Sequence[ScanRow]], None],
+    submit: Callable[[_Part], None],
+    finish: Callable[[_Part, Sequence[ScanRow]], None],
 ) -> None:
-    task.attempts += 1
-    if task.attempts < _ATTEMPTS:
-        if isinstance(exc, BrokenProcessPool) and task.generation == executor.generation:
-            executor.restart()
-        submit(task)
-        return
-    message = f"worker failed ({type(exc).__name__}: {exc})"[:500]
-    complete(task, [ScanRow.failed(source, doc_id, message) for source, doc_id, _ in task.work])
+    if isinstance(exc, BrokenProcessPool) and part.generation == executor.generation:
+        executor.restart()  # once per broken pool: the other parts it held fail with the same
+    part.attempts += 1
+    if part.attempts < _ATTEMPTS:
+        submit(part)
+    elif len(part.work) > 1:
+        half = len(part.work) // 2
+        submit(_Part(part.task, part.start, part.work[:half]))
+        submit(_Part(part.task, part.start + half, part.work[half:]))
+    else:
+        message = f"worker failed ({type(exc).__name__}: {exc})"[:500]
+        finish(part, [ScanRow.failed(source, doc_id, message) for source, doc_id, _ in part.work])
 
 
 def _cpus() -> int:

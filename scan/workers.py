@@ -150,7 +150,9 @@ def _watch_driver(driver: int, parent: int) -> None:
         while _exists(driver) and os.getppid() == parent:
             time.sleep(_WATCH_SECONDS)
         os._exit(1)
-    select.select([pidfd], [], [])  # readable once the driver has exited
+    watch = select.poll()
+    watch.register(pidfd, select.POLLIN)
+    watch.poll()  # readable once the driver has exited
     os._exit(1)
 
 
