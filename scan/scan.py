@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ BATCH_DOCS = 128
 BATCH_CHARS = 1 << 21  # caps what one task carries (Dask warns about large tasks)
 COMMIT_ROWS = 2048
 COMMIT_SECONDS = 1.0
-_ATTEMPTS = 2  # a batch whose worker failed is retried once, then split in halves (see _Part)
+_ATTEMPTS = 2  # a single document whose worker fails when it runs alone is retried once
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,15 +80,17 @@ class _Task:
 class _Part:
     """Documents of a task that run together on a worker: at first the whole task.
 
-    A part whose worker fails is retried once (a worker killed for another part's document
-    fails every part it held); if it fails again it is split in halves, each with its own
-    retry, so a document that crashes its worker ends up alone: one error row, not a batch.
+    A worker that dies fails every part the pool held, not only the one whose document killed
+    it. So a part that failed among others is a suspect: it runs again alone, with nothing else
+    in flight. A part that fails alone holds the cause: it is split in halves, each run alone,
+    until a single document fails alone twice (its error row); everything else gets its verdict.
     """
 
     task: _Task
     start: int  # index of its first document in task.work
     work: Batch
-    attempts: int = 0
+    alone: bool = False  # ran with nothing else in flight
+    attempts: int = 0  # failures alone, for a single document
     generation: int = 0
 
 
@@ -187,6 +190,7 @@ def run_scan(
     run_rows = 0
     tasks = _batches(documents, journal.done, state, batch_docs, batch_chars)
     in_flight: dict[Any, _Part] = {}
+    suspects: deque[_Part] = deque()  # parts to run alone, one at a time, before anything new
     ready: dict[int, list[ScanRow]] = {}
     next_seq = 0
     exhausted = False
@@ -206,8 +210,9 @@ def run_scan(
                 )
             )
 
-    def submit(part: _Part) -> None:
+    def submit(part: _Part, *, alone: bool = False) -> None:
         part.generation = executor.generation
+        part.alone = alone
         in_flight[executor.submit(part.work)] = part
 
     def finish(part: _Part, rows: Sequence[ScanRow]) -> None:
@@ -241,7 +246,7 @@ def run_scan(
     try:
         while True:
             # read ahead while workers need work, but not past a slow batch that holds up the order
-            while not exhausted and len(in_flight) < limit and len(ready) < 4 * limit:
+            while not suspects and not exhausted and len(in_flight) < limit and len(ready) < 4 * limit:
                 task = next(tasks, None)
                 if task is None:
                     exhausted = True
@@ -250,6 +255,8 @@ def run_scan(
                     submit(_Part(task, 0, task.work))
                 else:
                     complete(task, [])
+            if suspects and not in_flight:
+                submit(suspects.popleft(), alone=True)
             flush()
             progress()
             if exhausted and not in_flight:
@@ -259,7 +266,7 @@ def run_scan(
                 try:
                     rows = future.result()
                 except Exception as exc:
-                    _retry_split_or_fail(part, exc, executor, submit, finish)
+                    _isolate_or_fail(part, exc, executor, suspects, finish)
                 else:
                     finish(part, rows)
         flush(force=True)
@@ -287,25 +294,29 @@ def run_scan(
     return summary
 
 
-def _retry_split_or_fail(
+def _isolate_or_fail(
     part: _Part,
     exc: Exception,
     executor: Executor,
-    submit: Callable[[_Part], None],
+    suspects: deque[_Part],
     finish: Callable[[_Part, Sequence[ScanRow]], None],
 ) -> None:
+    """Handle a failed part (see `_Part`): queue it to run alone, split it, or report it."""
     if isinstance(exc, BrokenProcessPool) and part.generation == executor.generation:
         executor.restart()  # once per broken pool: the other parts it held fail with the same
-    part.attempts += 1
-    if part.attempts < _ATTEMPTS:
-        submit(part)
+    if not part.alone:
+        suspects.append(part)
     elif len(part.work) > 1:
         half = len(part.work) // 2
-        submit(_Part(part.task, part.start, part.work[:half]))
-        submit(_Part(part.task, part.start + half, part.work[half:]))
+        suspects.appendleft(_Part(part.task, part.start + half, part.work[half:]))
+        suspects.appendleft(_Part(part.task, part.start, part.work[:half]))
     else:
-        message = f"worker failed ({type(exc).__name__}: {exc})"[:500]
-        finish(part, [ScanRow.failed(source, doc_id, message) for source, doc_id, _ in part.work])
+        part.attempts += 1
+        if part.attempts < _ATTEMPTS:
+            suspects.appendleft(part)
+        else:
+            message = f"worker failed ({type(exc).__name__}: {exc})"[:500]
+            finish(part, [ScanRow.failed(source, doc_id, message) for source, doc_id, _ in part.work])
 
 
 def _cpus() -> int:

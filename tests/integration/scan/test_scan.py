@@ -27,7 +27,7 @@ from wmark.scan.journal import Journal
 from wmark.scan.rows import COLUMNS, ScanRow
 from wmark.scan.scan import run_scan, scan
 from wmark.scan.sources import Document, SourceOptions
-from wmark.scan.workers import Batch, WorkerConfig, detect_batch
+from wmark.scan.workers import Batch, InlineExecutor, PoolExecutor, WorkerConfig, detect_batch
 
 ALPHA = 1e-4
 OPTIONS = SourceOptions(field="text", column="text")
@@ -298,7 +298,7 @@ class _FlakyExecutor:
         pass
 
 
-def test_failed_batches_are_retried_then_split_until_the_failing_document_is_alone(
+def test_failed_batches_run_again_alone_and_split_until_the_failing_document_is_alone(
     tmp_path, word_key, word_tokenizer_json
 ):
     rng = np.random.default_rng(3)
@@ -314,8 +314,8 @@ def test_failed_batches_are_retried_then_split_until_the_failing_document_is_alo
     rows = _jsonl(tmp_path / "out.jsonl")
     assert [r["doc_id"] for r in rows] == [f"row:{i}" for i in range(20)]
     failed = [r["doc_id"] for r in rows if r["verdict"] == "error"]
-    # row:13's batch (10-14) failed twice, then its halves, ... until row:13 failed alone; every
-    # other part failed once (a new batch's first try) and then ran
+    # every batch fails on its first try and runs again alone; row:13's (10-14) fails alone too,
+    # so it is split, and its halves, until row:13 fails alone twice
     assert failed == ["row:13"]
     assert "BrokenProcessPool" in rows[13]["error"]
     assert summary.by_verdict == {"error": 1, "not_detected": 19}
@@ -491,3 +491,38 @@ def test_a_document_that_fails_detection_is_its_own_error_row(word_key, word_tok
     )
     good = [b for i, b in enumerate(batch) if i != 2]
     assert [r for i, r in enumerate(rows) if i != 2] == detect_batch(localizer, ALPHA, tuple(good))
+
+
+class _PoisonedPool(PoolExecutor):
+    """A real process pool whose worker process dies on the document "poison"."""
+
+    def submit(self, batch: Batch) -> cf.Future[list[ScanRow]]:
+        if any(t == "poison" for _, _, t in batch):  # the worker that takes it ends at once,
+            return self._pool.submit(os._exit, 1)  # as on a segfault or the OOM killer
+        return super().submit(batch)
+
+
+def test_a_document_that_kills_its_worker_is_one_error_row(tmp_path, word_key, word_tokenizer_json):
+    rng = np.random.default_rng(8)
+    docs = [Document("mem", f"row:{i}", _human(rng), None, 10) for i in range(24)]
+    docs[9] = Document("mem", "row:9", "poison", None, 10)
+    inline = Journal.open(tmp_path / "inline.jsonl", settings={})
+    try:
+        run_scan(
+            iter(docs[:9] + docs[10:]),
+            journal=inline,
+            executor=InlineExecutor(_config(word_key, word_tokenizer_json)),
+        )
+    finally:
+        inline.close()
+    executor = _PoisonedPool(_config(word_key, word_tokenizer_json), 2)
+    journal = Journal.open(tmp_path / "out.jsonl", settings={})
+    try:
+        run_scan(iter(docs), journal=journal, executor=executor, batch_docs=8)
+    finally:
+        journal.close()
+        executor.close()
+    rows = _jsonl(tmp_path / "out.jsonl")
+    assert [(r["doc_id"], r["verdict"]) for r in rows if r["verdict"] == "error"] == [("row:9", "error")]
+    assert "BrokenProcessPool" in rows[9]["error"]
+    assert rows[:9] + rows[10:] == _jsonl(tmp_path / "inline.jsonl")
