@@ -207,8 +207,7 @@ class Detector:
             raise InputError("give exactly one of text and token_ids")
         if text is None:
             return Encodings(ids=Encoding(check_token_ids(token_ids)))
-        if not text.strip():
-            raise InsufficientTextError("the text is empty")
+        check_text(text)
         by_sha = {}
         for sha in self._shas:
             tok = self.tokenizer(sha)
@@ -218,7 +217,7 @@ class Detector:
         return Encodings(by_sha)
 
     def encode_many(self, texts: Sequence[str]) -> list[Encodings]:
-        """Tokenise many texts in one parallel batch per tokenizer (no emptiness check)."""
+        """Tokenise many texts in one parallel batch per tokenizer (no checks: see `check_text`)."""
         batches = {sha: self.tokenizer(sha).encode_batch(texts) for sha in self._shas}
         return [Encodings({sha: Encoding(batches[sha][i]) for sha in self._shas}) for i in range(len(texts))]
 
@@ -274,11 +273,12 @@ class Detector:
     ) -> list[Detection]:
         """Detect many texts, tokenising them in one parallel batch per tokenizer.
 
-        Empty texts raise `InsufficientTextError`; callers that must not stop filter them first.
+        An empty text raises `InsufficientTextError` and one that is not valid Unicode `InputError`;
+        callers that must not stop check each text first (`check_text`).
         """
         check_alpha(alpha)
-        if any(not t.strip() for t in texts):
-            raise InsufficientTextError("one of the texts is empty")
+        for text in texts:
+            check_text(text)
         labels = list(sources) if sources is not None else [None] * len(texts)
         return [
             self._detection(enc, alpha=alpha, source=label)
@@ -342,6 +342,25 @@ def _token_evidence(enc: Encoding, kp: KeyPivots) -> tuple[TokenEvidence, ...]:
             )
         )
     return tuple(out)
+
+
+def check_unicode(text: str) -> None:
+    """Text a tokenizer can read: no unpaired surrogate.
+
+    A JSON "\\ud800" escape (or a database driver) can give a `str` that is not valid Unicode;
+    the tokenizers refuse it with a TypeError, so it is refused here as bad input.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"not valid Unicode text (an unpaired surrogate at character {exc.start})") from None
+
+
+def check_text(text: str) -> None:
+    """Text to detect: not blank, and valid Unicode."""
+    if not text.strip():
+        raise InsufficientTextError("the text is empty")
+    check_unicode(text)
 
 
 def check_alpha(alpha: float) -> None:

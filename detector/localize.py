@@ -32,11 +32,12 @@ from wmark.detector.detect import (
     Encodings,
     KeyScore,
     check_alpha,
+    check_text,
     choose_verdict,
     holm_adjust,
 )
 from wmark.detector.result import Verdict
-from wmark.errors import InputError, InsufficientTextError, WmarkError
+from wmark.errors import InputError, WmarkError
 from wmark.keymaterial import KeyMaterial
 from wmark.scoring import aaronson_scores, log_gamma_sf_many
 
@@ -230,12 +231,22 @@ class Localizer:
         """
         check_alpha(alpha)
         labels = list(sources) if sources is not None else [None] * len(texts)
-        out: list[Localization | WmarkError] = []
-        for text, encodings, label in zip(texts, self.detector.encode_many(texts), labels, strict=True):
+        checked: list[WmarkError | None] = []
+        for text in texts:
             try:
-                if not text.strip():
-                    raise InsufficientTextError("the text is empty")
-                out.append(self._localize(encodings, text, alpha=alpha, source=label))
+                check_text(text)
+                checked.append(None)
+            except WmarkError as exc:
+                checked.append(exc)
+        readable = [t for t, err in zip(texts, checked, strict=True) if err is None]
+        encoded = iter(self.detector.encode_many(readable))
+        out: list[Localization | WmarkError] = []
+        for text, err, label in zip(texts, checked, labels, strict=True):
+            if err is not None:
+                out.append(err)
+                continue
+            try:
+                out.append(self._localize(next(encoded), text, alpha=alpha, source=label))
             except WmarkError as exc:
                 out.append(exc)
         return out

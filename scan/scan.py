@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wmark.detector.detect import check_unicode
 from wmark.detector.localize import DEFAULT_MIN_WINDOW
 from wmark.errors import InputError, TokenizerError
 from wmark.keymaterial import KeyMaterial
@@ -144,12 +145,11 @@ def _batches(
 
 
 def _not_unicode(text: str) -> str | None:
-    # A JSON "\ud800" escape (or a database driver) can give a str with an unpaired surrogate:
-    # no tokenizer takes it, so it is this document's error, found before it reaches a worker.
+    # A text no tokenizer takes is this document's error, found before it reaches a worker.
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return f"not valid Unicode text (an unpaired surrogate at character {exc.start})"
+        check_unicode(text)
+    except InputError as exc:
+        return str(exc)
     return None
 
 

@@ -90,6 +90,27 @@ def test_bad_inputs_are_clear_errors(word_key, word_tokenizer_json):
         Detector([word_key], {}).detect("w1 w2")
     with pytest.raises(InputError, match="no keys"):
         Detector([], tokenizers)
+    # a JSON "\ud800" escape gives a str no tokenizer takes: bad input, not a TypeError
+    with pytest.raises(InputError, match="unpaired surrogate at character 3"):
+        detector.detect("w1 \ud800 w2")
+    with pytest.raises(InputError, match="unpaired surrogate"):
+        detector.detect_many(["w1 w2", "w1 \ud800"])
+
+
+def test_localize_many_gives_a_bad_text_its_own_error(word_key, word_tokenizer_json, planted):
+    from wmark.detector.localize import Localizer
+
+    detector = Detector([word_key], {word_key.spec.tokenizer.sha256: word_tokenizer_json})
+    ids = planted(word_key, 200, np.random.default_rng(3))
+    marked = " ".join(f"w{i - 1}" for i in ids)  # WordLevel: id i is the word w{i-1}
+    out = Localizer(detector).localize_many([marked, "w1 \ud800", "  ", marked])
+    assert [type(o).__name__ for o in out] == [
+        "Localization",
+        "InputError",
+        "InsufficientTextError",
+        "Localization",
+    ]
+    assert out[0].verdict == out[3].verdict == "watermarked"
 
 
 def test_prompt_aware_detection_scores_the_first_positions(word_key, planted):
