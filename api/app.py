@@ -15,14 +15,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from wmark import __version__
-from wmark.api import audit_routes, detect_routes, health_routes, key_routes, page
+from wmark.api import access_log, audit_routes, detect_routes, health_routes, key_routes, page
 from wmark.api.deps import Service
 from wmark.api.detectors import DetectorCache
 from wmark.api.errors import install_error_handlers
 from wmark.api.generate_settings import GenerationSettings
-from wmark.api.limits import BodyLimitMiddleware, RateLimiter
+from wmark.api.limits import BodyLimitMiddleware
 from wmark.api.metrics import Metrics, MetricsMiddleware
+from wmark.api.parent_watch import watch_parent
 from wmark.api.settings import Settings
+from wmark.api.shared_limits import rate_limiter
 from wmark.errors import WmarkError
 from wmark.keys import KeyRegistry
 
@@ -52,9 +54,11 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
     settings = settings if settings is not None else Settings.from_env()
     generation = generation if generation is not None else GenerationSettings.from_env()
     metrics = Metrics()
+    access_log.install()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        orphan_watch = watch_parent()
         registry = await run_in_threadpool(KeyRegistry.open, settings.registry, migrate=settings.migrate)
         detectors = DetectorCache(registry, on_build=metrics.detector_builds.inc)
         try:
@@ -66,8 +70,10 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
             settings=settings,
             registry=registry,
             detectors=detectors,
-            limiter=RateLimiter(settings.rate_per_second, settings.rate_burst),
-            auth_limiter=RateLimiter(settings.auth_fail_per_second, settings.auth_fail_burst),
+            limiter=rate_limiter(settings.redis_url, "token", settings.rate_per_second, settings.rate_burst),
+            auth_limiter=rate_limiter(
+                settings.redis_url, "auth_fail", settings.auth_fail_per_second, settings.auth_fail_burst
+            ),
             metrics=metrics,
         )
         generator = None
@@ -82,6 +88,8 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
             if generator is not None:
                 await run_in_threadpool(generator.close)
             registry.close()
+            if orphan_watch is not None:
+                orphan_watch.set()
 
     app = FastAPI(
         title="wmark detection service",
@@ -93,7 +101,9 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
         openapi_url="/openapi.json" if settings.docs else None,
     )
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, read_timeout=settings.body_timeout
+    )
     if generation is not None:
         from wmark.api import generate_routes
         from wmark.api.openai_errors import OpenAIErrorMiddleware

@@ -20,6 +20,7 @@ from wmark.api.errors import Forbidden, RateLimited
 from wmark.api.limits import RateLimiter
 from wmark.api.metrics import Metrics
 from wmark.api.settings import Settings
+from wmark.api.shared_limits import SharedRateLimiter
 from wmark.keys import KeyRegistry
 from wmark.keys.audit import AuditEntry
 from wmark.keys.tokens import Role, TokenInfo, TokenRejected
@@ -38,8 +39,8 @@ class Service:
     settings: Settings
     registry: KeyRegistry
     detectors: DetectorCache
-    limiter: RateLimiter
-    auth_limiter: RateLimiter
+    limiter: RateLimiter | SharedRateLimiter
+    auth_limiter: RateLimiter | SharedRateLimiter
     metrics: Metrics
 
 
@@ -87,6 +88,9 @@ def require(role: Role) -> Callable[..., TokenInfo]:
     ) -> TokenInfo:
         token = credentials.credentials if credentials is not None else None
         try:
+            if len(request.headers.getlist("authorization")) > 1:
+                # proxies and frameworks disagree on which of two headers counts: accept neither
+                raise TokenRejected("ambiguous")
             info = service.registry.tokens.authenticate(token)
         except TokenRejected as exc:
             _reject(service, request, exc.reason, exc.token_id, exc)

@@ -13,14 +13,14 @@ from typing import Any
 from fastapi import APIRouter
 
 from wmark.api.deps import DetectorToken, Service, ServiceDep
-from wmark.api.errors import TextTooLong
+from wmark.api.errors import AUTHENTICATED, TextTooLong, documented
 from wmark.api.schemas import BatchRequest, BatchResponse, DetectItem, DetectRequest, DetectResponse
 from wmark.detector import Detection, Detector
 from wmark.keys.audit import AuditEntry, detection_entry, text_digest
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["detect"])
+router = APIRouter(tags=["detect"], responses=documented(*AUTHENTICATED, 404, 409))
 
 
 def input_digest(item: DetectItem) -> str:
@@ -32,15 +32,35 @@ def input_digest(item: DetectItem) -> str:
 
 
 def _check_size(service: Service, items: Sequence[DetectItem]) -> None:
-    limit = service.settings.max_text_chars
-    if len(items) > service.settings.max_batch_items:
-        raise TextTooLong(f"a batch may hold at most {service.settings.max_batch_items} items")
+    """Bound the work of one request before doing any: items, each item, and all of them together."""
+    settings = service.settings
+    limit = settings.max_text_chars
+    if len(items) > settings.max_batch_items:
+        raise TextTooLong(f"a batch may hold at most {settings.max_batch_items} items")
+    total = 0
     for i, item in enumerate(items):
         size = len(item.text) if item.text is not None else len(item.token_ids or [])
+        total += size
         if size > limit:
             where = f"item {i}: " if len(items) > 1 else ""
             unit = "characters" if item.text is not None else "token IDs"
             raise TextTooLong(f"{where}the input has {size} {unit}; the limit is {limit}")
+    if total > settings.max_request_chars:
+        raise TextTooLong(
+            f"the items hold {total} characters and token IDs together; the limit per request is "
+            f"{settings.max_request_chars}: split the batch"
+        )
+
+
+def _check_response(service: Service, detections: Sequence[Detection]) -> None:
+    """Bound the response: per-token evidence is ~90 bytes a token."""
+    limit = service.settings.max_response_tokens
+    tokens = sum(d.n_tokens for d in detections)
+    if tokens > limit:
+        raise TextTooLong(
+            f"the answer would carry evidence for {tokens} tokens; the limit is {limit}: "
+            "ask without return_tokens, or split the batch"
+        )
 
 
 def _run(detector: Detector, item: DetectItem, *, alpha: float, return_tokens: bool) -> Detection:
@@ -73,6 +93,8 @@ def _detect_all(
     _check_size(service, items)
     detector = service.detectors.get(key_ids)
     detections = [_run(detector, item, alpha=alpha, return_tokens=return_tokens) for item in items]
+    if return_tokens:
+        _check_response(service, detections)
     records = service.registry.audit.append(
         *(_entry(actor, item, detector, d) for item, d in zip(items, detections, strict=True))
     )

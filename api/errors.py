@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,14 +17,17 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from wmark.api.schemas import ErrorOut
 from wmark.errors import AuthError, InputError, WmarkError
 from wmark.keys.tokens import TokenRejected
 
 __all__ = [
+    "AUTHENTICATED",
     "BodyTooLarge",
     "Forbidden",
     "RateLimited",
     "TextTooLong",
+    "documented",
     "error_response",
     "install_error_handlers",
 ]
@@ -32,6 +36,7 @@ log = logging.getLogger("wmark.api")
 
 _HTTP_CODES = {
     400: "bad_request",
+    408: "request_timeout",
     401: "unauthorized",
     403: "forbidden",
     404: "not_found",
@@ -73,6 +78,39 @@ class TextTooLong(InputError):
 
     code = "text_too_long"
     status = 413
+
+
+_WHY = {
+    400: "Malformed request (e.g. a bad Content-Length).",
+    401: "Missing, malformed, unknown or revoked token, or more than one Authorization header.",
+    403: "The token's role may not do this.",
+    404: "No such key (or tokenizer).",
+    408: "The request body did not arrive in time.",
+    409: "The key is revoked (or otherwise in the wrong state).",
+    413: "The body, a text, a batch or the response would be over the configured limits.",
+    422: "The request does not match the schema, or the input cannot be scored.",
+    429: "Rate limit exceeded; retry after Retry-After seconds.",
+    503: "The database is unreachable, or the audit log is damaged (answers are not given unaudited).",
+}
+_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "The auth scheme (Bearer)."}},
+    429: {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}},
+}
+
+
+# what any request with a token can be answered besides its success (body limits, auth, rate, database)
+AUTHENTICATED = (400, 401, 403, 408, 413, 422, 429, 503)
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses, each with the `{code, message}` schema, so that
+    generated clients know every status an operation can answer."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        out[status] = {"model": ErrorOut, "description": _WHY[status]}
+        if status in _HEADERS:
+            out[status]["headers"] = _HEADERS[status]
+    return out
 
 
 def error_response(

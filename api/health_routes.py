@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from wmark.api.deps import AuditorToken, ServiceDep
-from wmark.api.errors import error_response
+from wmark.api.errors import AUTHENTICATED, documented, error_response
 from wmark.api.metrics import CONTENT_TYPE_LATEST
 from wmark.errors import KeyRegistryError
 from wmark.keys.db import head_revision, schema_revision
@@ -24,7 +24,7 @@ def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness", responses={503: {"description": "Database unreachable"}})
+@router.get("/readyz", summary="Readiness", responses=documented(503))
 def readyz(service: ServiceDep) -> JSONResponse:
     """The database answers and its schema is this release's."""
     try:
@@ -38,7 +38,15 @@ def readyz(service: ServiceDep) -> JSONResponse:
     return JSONResponse({"status": "ready", "schema": revision})
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}},
+        **documented(*AUTHENTICATED),
+    },
+)
 def metrics(_token: AuditorToken, service: ServiceDep) -> Response:
     """Requests, latency, verdicts and auth failures in the Prometheus text format."""
     return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -10,11 +10,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query
 
 from wmark.api.deps import AdminToken, ServiceDep
+from wmark.api.errors import AUTHENTICATED, documented
 from wmark.api.schemas import KeyCreate, KeyList, KeyPublic
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"])
+router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=documented(*AUTHENTICATED, 404, 409))
 
 KeyIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="The key's id.")]
 
@@ -34,7 +35,7 @@ def create_key(body: KeyCreate, token: AdminToken, service: ServiceDep) -> dict[
     """Create an active key with a fresh secret, bound to a tokenizer already in the registry."""
     info = service.registry.create_key(
         body.name,
-        service.registry.tokenizer_ref(body.tokenizer_sha256),  # 422 if it is not stored
+        service.registry.tokenizer_ref(body.tokenizer_sha256),  # 404 if it is not stored
         context_width=body.context_width,
         min_scored_tokens=body.min_scored_tokens,
         actor=token.actor,

@@ -1,8 +1,8 @@
-"""Request limits: a bounded request body (413) and token-bucket rate limits (429).
+"""Request limits: a bounded request body read in bounded time (413, 408) and token-bucket rate limits (429).
 
-The rate limiter lives in each worker process: with N workers a client can get up to N times
-the configured rate. That keeps a database round trip off every request; size the limit per
-worker.
+`RateLimiter` lives in one worker process: with N workers a client can get up to N times the
+configured rate. With `WMARK_REDIS_URL` set the service uses `shared_limits.SharedRateLimiter`
+instead, one bucket per token across every worker and process.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import threading
 import time
 from collections import OrderedDict
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["BodyLimitMiddleware", "RateLimiter"]
@@ -51,37 +52,51 @@ class RateLimiter:
 
 
 class BodyLimitMiddleware:
-    """Reads at most `max_bytes` of a request body, then replays it to the app; more is a 413.
+    """Reads at most `max_bytes` of a request body within `read_timeout` seconds, then replays it
+    to the app.
 
-    Checks Content-Length first, and counts chunked bodies as they arrive.
+    More bytes are a 413 (Content-Length is checked first, chunked bodies as they arrive); a
+    Content-Length that is not a number is a 400; a body that has not fully arrived after
+    `read_timeout` seconds is a 408 and the connection is closed, so stalled clients cannot hold
+    connections (and their buffers) open. A client that disconnects mid-body gets no answer.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.read_timeout = read_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers", ())).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await self._reject(send)
+        if declared is not None and not declared.isdigit():
+            await _answer(send, 400, "bad_request", "Content-Length is not a number")
+            return
+        if declared is not None and int(declared) > self.max_bytes:
+            await _answer(send, 413, "body_too_large", f"request body is over {self.max_bytes} bytes")
             return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > self.max_bytes:
-                await self._reject(send)
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
+        with anyio.move_on_after(self.read_timeout) as timer:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body = message.get("body", b"")
+                size += len(body)
+                if size > self.max_bytes:
+                    await _answer(send, 413, "body_too_large", f"request body is over {self.max_bytes} bytes")
+                    return
+                chunks.append(body)
+                if not message.get("more_body", False):
+                    break
+        if timer.cancelled_caught:
+            await _answer(
+                send, 408, "request_timeout", f"the body did not arrive within {self.read_timeout:g} s"
+            )
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -93,19 +108,19 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, send: Send) -> None:
-        body = json.dumps(
-            {"code": "body_too_large", "message": f"request body is over {self.max_bytes} bytes"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+
+async def _answer(send: Send, status: int, code: str, message: str) -> None:
+    """An error in the service's JSON shape, before the app ran; the connection is closed after it."""
+    body = json.dumps({"code": code, "message": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

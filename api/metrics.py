@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+from fastapi.routing import iter_route_contexts
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -20,6 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsMiddleware"]
@@ -88,8 +90,29 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+def _route(scope: Scope) -> str:
+    """The route template of the request: set by the router, or matched here for requests answered
+    before routing (413, 408, a client gone mid-body); those are rare, so matching is not cached."""
+    route = getattr(scope.get("route"), "path", None)
+    if route is not None:
+        return str(route)
+    app = scope.get("app")
+    routes = getattr(getattr(app, "router", None), "routes", [])
+    for context in iter_route_contexts(routes):
+        if context.path is None:
+            continue
+        regex, _, _ = compile_path(context.path)
+        if regex.match(scope.get("path", "")) and scope.get("method") in (context.methods or ()):
+            return str(context.path)
+    return "unmatched"
+
+
 class MetricsMiddleware:
-    """Counts and times every HTTP request, labelled by the route template (not the raw path)."""
+    """Counts and times every HTTP request, labelled by the route template (not the raw path).
+
+    A request whose client disconnected before any answer is counted with status 499 (nginx's
+    "client closed request"), not as a server error.
+    """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -100,7 +123,14 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
+        status: int | None = None
+        gone = False
+
+        async def receive_wrapper() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -112,9 +142,10 @@ class MetricsMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
         finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            route = _route(scope)
             method = scope.get("method", "")
-            self.metrics.requests.labels(method, route, str(status)).inc()
+            label = str(status) if status is not None else ("499" if gone else "500")
+            self.metrics.requests.labels(method, route, label).inc()
             self.metrics.latency.labels(method, route).observe(time.perf_counter() - started)

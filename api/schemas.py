@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
     "AuditEventOut",
@@ -18,6 +19,7 @@ __all__ = [
     "DetectItem",
     "DetectRequest",
     "DetectResponse",
+    "ErrorOut",
     "KeyCreate",
     "KeyList",
     "KeyPublic",
@@ -30,18 +32,47 @@ Alpha = Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)]
 KeyIds = Annotated[list[KeyId], Field(max_length=64)]
 
 
+# Python's str.strip() (what the detector calls blank) removes \x1c-\x1f too; regex \s does not.
+_NOT_BLANK = r"[^\s\x1c-\x1f]"
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request bodies: unknown fields and type coercion ("1" for 1, true for 1, "yes" for true) are 422."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ErrorOut(BaseModel):
+    """The one error shape of the service."""
+
+    code: str = Field(description="Stable, machine-readable error code.")
+    message: str = Field(description="What went wrong, for people (never echoes the input).")
 
 
 class DetectItem(_Strict):
-    """One input: exactly one of `text` and `token_ids`."""
+    """One input: exactly one of `text` and `token_ids` (the schema's oneOf says so to clients)."""
 
-    text: str | None = Field(None, description="The text to test (UTF-8).")
-    token_ids: list[TokenId] | None = Field(None, description="Token IDs instead of text.")
-    source: Annotated[str, StringConstraints(max_length=200)] | None = Field(
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["token_ids"]}]}
+    )
+
+    # `| SkipJsonSchema[None]`: absent is allowed, an explicit null is not (see _no_null)
+    text: Annotated[str, StringConstraints(pattern=_NOT_BLANK)] | SkipJsonSchema[None] = Field(
+        None, description="The text to test (UTF-8, not blank)."
+    )
+    token_ids: Annotated[list[TokenId], Field(min_length=1)] | SkipJsonSchema[None] = Field(
+        None, description="Token IDs instead of text."
+    )
+    source: Annotated[str, StringConstraints(max_length=200)] | SkipJsonSchema[None] = Field(
         None, description="A label echoed back (document id, file name)."
     )
+
+    @field_validator("text", "token_ids", "source", mode="before")
+    @classmethod
+    def _no_null(cls, value: object) -> object:
+        if value is None:  # the schema does not allow null: leave the field out instead
+            raise ValueError("must not be null (leave the field out)")
+        return value
 
     @model_validator(mode="after")
     def _one_input(self) -> DetectItem:

@@ -50,10 +50,19 @@ class Settings:
         migrate: migrate the schema on start-up (`WMARK_API_MIGRATE`; `wmark serve` migrates once
             before starting its workers, so this stays off there).
         max_body_bytes: largest request body accepted, else 413 (`WMARK_API_MAX_BODY_BYTES`).
+        body_timeout: seconds a request body may take to arrive, else 408 and the connection is
+            closed (`WMARK_API_BODY_TIMEOUT`).
         max_text_chars: longest text (or token-ID list) per item, else 413 (`WMARK_API_MAX_TEXT_CHARS`).
+        max_request_chars: characters (or token IDs) of all items of one request together, else
+            413: with the body limit, what bounds the CPU time of one request
+            (`WMARK_API_MAX_REQUEST_CHARS`).
+        max_response_tokens: tokens with evidence (`return_tokens`) in one response, else 413: what
+            bounds the size of a response (`WMARK_API_MAX_RESPONSE_TOKENS`).
         max_batch_items: most items in one batch request, else 413 (`WMARK_API_MAX_BATCH`).
-        rate_per_second, rate_burst: token bucket per API token, in each worker process, else 429
-            (`WMARK_API_RATE`, `WMARK_API_BURST`).
+        rate_per_second, rate_burst: token bucket per API token, else 429 (`WMARK_API_RATE`,
+            `WMARK_API_BURST`); shared by every worker and process when `redis_url` is set, else
+            per worker process.
+        redis_url: Redis for the shared rate limits (`WMARK_REDIS_URL`; unset: per-process limits).
         auth_fail_per_second, auth_fail_burst: token bucket of failed authentications per client
             address; past it, failures are answered 429 and no longer audited
             (`WMARK_API_AUTH_FAIL_RATE`, `WMARK_API_AUTH_FAIL_BURST`).
@@ -63,10 +72,14 @@ class Settings:
     registry: RegistryConfig
     migrate: bool = False
     max_body_bytes: int = 1 << 20
+    body_timeout: float = 10.0
     max_text_chars: int = 100_000
+    max_request_chars: int = 200_000
+    max_response_tokens: int = 20_000
     max_batch_items: int = 64
     rate_per_second: float = 20.0
     rate_burst: int = 40
+    redis_url: str | None = None
     auth_fail_per_second: float = 1.0
     auth_fail_burst: int = 20
     docs: bool = True
@@ -79,10 +92,14 @@ class Settings:
             registry=RegistryConfig.from_env(env),
             migrate=_flag(env, "WMARK_API_MIGRATE", False),
             max_body_bytes=int(_number(env, "WMARK_API_MAX_BODY_BYTES", 1 << 20, minimum=1024)),
+            body_timeout=_number(env, "WMARK_API_BODY_TIMEOUT", 10.0, minimum=0.1),
             max_text_chars=int(_number(env, "WMARK_API_MAX_TEXT_CHARS", 100_000, minimum=1)),
+            max_request_chars=int(_number(env, "WMARK_API_MAX_REQUEST_CHARS", 200_000, minimum=1)),
+            max_response_tokens=int(_number(env, "WMARK_API_MAX_RESPONSE_TOKENS", 20_000, minimum=1)),
             max_batch_items=int(_number(env, "WMARK_API_MAX_BATCH", 64, minimum=1)),
             rate_per_second=_number(env, "WMARK_API_RATE", 20.0, minimum=0.001),
             rate_burst=int(_number(env, "WMARK_API_BURST", 40, minimum=1)),
+            redis_url=env.get("WMARK_REDIS_URL") or None,
             auth_fail_per_second=_number(env, "WMARK_API_AUTH_FAIL_RATE", 1.0, minimum=0.001),
             auth_fail_burst=int(_number(env, "WMARK_API_AUTH_FAIL_BURST", 20, minimum=1)),
             docs=_flag(env, "WMARK_API_DOCS", True),

@@ -8,8 +8,10 @@ limits and metrics, so one process does both.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,6 +26,28 @@ def migrate() -> None:
     """Migrate the registry database to this release's schema (safe to run from several places at once)."""
     KeyRegistry.open(RegistryConfig.from_env(), migrate=True).close()
     console.print(f"schema at {head_revision()}", highlight=False)
+
+
+_METRICS_PREFIX = "wmark-metrics-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _sweep_metrics_dirs() -> None:
+    """Remove the metrics directories of servers that were killed before they could (kill -9)."""
+    pattern = re.compile(rf"^{_METRICS_PREFIX}(\d+)-")
+    for path in Path(tempfile.gettempdir()).glob(f"{_METRICS_PREFIX}*"):
+        match = pattern.match(path.name)
+        if match and path.stat().st_uid == os.getuid() and not _alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def serve(
@@ -104,13 +128,19 @@ def serve(
             "QUEUE": queue,
         }
         os.environ.update({f"WMARK_GENERATE_{k}": str(v) for k, v in variables.items() if v is not None})
+    from wmark.api.parent_watch import ENV as PARENT_ENV
+
     if run_migrations:
         migrate()
     metrics_dir = None
-    if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        # Each worker writes its samples here and /metrics sums them (prometheus_client multiprocess mode).
-        metrics_dir = tempfile.mkdtemp(prefix="wmark-metrics-")
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    if workers > 1:
+        os.environ[PARENT_ENV] = str(os.getpid())  # workers exit if this process is killed
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Each worker writes its samples here and /metrics sums them (prometheus_client
+            # multiprocess mode); the name carries this process id so a later start can remove it.
+            _sweep_metrics_dirs()
+            metrics_dir = tempfile.mkdtemp(prefix=f"{_METRICS_PREFIX}{os.getpid()}-")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
         uvicorn.run(
             "wmark.api:create_app",
@@ -122,8 +152,10 @@ def serve(
             access_log=access_log,
             server_header=False,
             timeout_graceful_shutdown=30,
+            http="wmark.api.protocol:JsonErrorH11Protocol",  # protocol-level 400s in the JSON shape
         )
     finally:
         if metrics_dir is not None:
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
             shutil.rmtree(metrics_dir, ignore_errors=True)
+        os.environ.pop(PARENT_ENV, None)

@@ -33,13 +33,14 @@ from weakref import WeakKeyDictionary
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from wmark.errors import InputError
+from wmark.errors import InputError, KeyRegistryError
 from wmark.keys.models import AuditEvent, AuditHead, utcnow
 
 __all__ = [
     "GENESIS",
     "AuditEntry",
     "AuditLog",
+    "AuditLogCorrupt",
     "AuditRecord",
     "VerifyReport",
     "canonical_row",
@@ -51,6 +52,21 @@ __all__ = [
 
 GENESIS = "0" * 64  # prev_hash of the first row
 _VERIFY_CHUNK = 1000
+
+
+class AuditLogCorrupt(KeyRegistryError):
+    """The audit log cannot be read or extended: a row is malformed or the chain head is gone.
+
+    The service answers 503 with this message instead of writing past the damage (a detection
+    that cannot be audited is not answered); `wmark audit verify` names the first bad row.
+    """
+
+    code = "audit_log_corrupt"
+    status = 503
+
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail or message
 
 
 def text_digest(text: str) -> str:
@@ -279,31 +295,64 @@ def _read_snapshot(session: Session) -> None:
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
 
 
+def _decoded(row: AuditEvent) -> tuple[list[str], dict[str, Any]]:
+    """The row's key ids and result, or `AuditLogCorrupt` naming the row and the bad column."""
+    try:
+        key_ids = json.loads(row.key_ids)
+        if not isinstance(key_ids, list) or not all(isinstance(k, str) for k in key_ids):
+            raise ValueError("not a list of strings")
+    except (TypeError, ValueError):
+        detail = "key_ids is not a JSON list of key ids"
+        raise AuditLogCorrupt(f"audit row {row.seq}: {detail}", detail=detail) from None
+    try:
+        result = json.loads(row.result)
+        if not isinstance(result, dict):
+            raise ValueError("not an object")
+    except (TypeError, ValueError):
+        detail = "result is not a JSON object"
+        raise AuditLogCorrupt(f"audit row {row.seq}: {detail}", detail=detail) from None
+    return key_ids, result
+
+
 def _record(row: AuditEvent) -> AuditRecord:
+    key_ids, result = _decoded(row)
     return AuditRecord(
         seq=row.seq,
         at=row.at,
         actor=row.actor,
         action=row.action,
-        key_ids=tuple(json.loads(row.key_ids)),
+        key_ids=tuple(key_ids),
         text_sha256=row.text_sha256,
-        result=json.loads(row.result),
+        result=result,
         prev_hash=row.prev_hash,
         row_hash=row.row_hash,
     )
 
 
 def _row_hash(row: AuditEvent) -> str:
+    key_ids, result = _decoded(row)
     canonical = canonical_row(
         seq=row.seq,
         at=row.at,
         actor=row.actor,
         action=row.action,
-        key_ids=json.loads(row.key_ids),
+        key_ids=key_ids,
         text_sha256=row.text_sha256,
-        result=json.loads(row.result),
+        result=result,
     )
     return chain_hash(row.prev_hash, canonical)
+
+
+_HEAD_MISSING = "the chain head (table audit_head) is missing"
+
+
+def _head(session: Session, *, for_update: bool = False) -> AuditHead:
+    """The chain head row, or `AuditLogCorrupt` when it was deleted."""
+    query = select(AuditHead).where(AuditHead.id == 1)
+    head = session.scalars(query.with_for_update() if for_update else query).one_or_none()
+    if head is None:
+        raise AuditLogCorrupt(f"{_HEAD_MISSING}: run `wmark audit verify`")
+    return head
 
 
 class AuditLog:
@@ -354,7 +403,7 @@ class AuditLog:
     def append_in(session: Session, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
         """Append within a transaction opened by `write_transaction` (so a change and its row
         commit together)."""
-        head = session.scalars(select(AuditHead).where(AuditHead.id == 1).with_for_update()).one()
+        head = _head(session, for_update=True)
         out = []
         for entry in entries:
             at = utcnow()
@@ -411,7 +460,7 @@ class AuditLog:
     def count(self) -> int:
         """Rows in the log, per the chain head."""
         with self.sessions() as session:
-            return int(session.scalars(select(AuditHead.seq).where(AuditHead.id == 1)).one())
+            return _head(session).seq
 
     def verify(self, *, anchor: tuple[int, str] | None = None) -> VerifyReport:
         """Replay the chain from the first row.
@@ -439,7 +488,7 @@ class AuditLog:
 
         with self.sessions() as session:
             _read_snapshot(session)  # the head and the rows as of one moment, while writers go on
-            head = session.scalars(select(AuditHead).where(AuditHead.id == 1)).one()
+            head = session.scalars(select(AuditHead).where(AuditHead.id == 1)).one_or_none()
             last = 0
             while True:
                 chunk = list(
@@ -458,7 +507,11 @@ class AuditLog:
                         return bad(expected, f"row {gap} is missing (deleted or renumbered)")
                     if row.prev_hash != prev_hash:
                         return bad(row.seq, "prev_hash does not match the previous row (moved or replaced)")
-                    if _row_hash(row) != row.row_hash:
+                    try:
+                        edited = _row_hash(row) != row.row_hash
+                    except AuditLogCorrupt as exc:
+                        return bad(row.seq, f"{exc.detail} (edited)")
+                    if edited:
                         return bad(row.seq, "contents do not match the row hash (edited)")
                     if anchor is not None and row.seq == anchor[0]:
                         if row.row_hash != anchor[1]:
@@ -467,6 +520,8 @@ class AuditLog:
                     prev_hash, expected, rows = row.row_hash, expected + 1, rows + 1
                 last = chunk[-1].seq
                 session.expunge_all()
+            if head is None:
+                return bad(expected - 1, f"{_HEAD_MISSING} (deleted)")
             if head.seq > expected - 1:
                 return bad(expected, f"rows {expected}..{head.seq} are missing (the log was truncated)")
             if head.seq < expected - 1:

@@ -39,7 +39,15 @@ from wmark.keys.tokens import TokenStore
 from wmark.secret import Secret
 from wmark.spec import TokenizerRef, WatermarkSpec
 
-__all__ = ["KeyInfo", "KeyRegistry"]
+__all__ = ["KeyInfo", "KeyRegistry", "TokenizerNotFoundError"]
+
+
+class TokenizerNotFoundError(TokenizerError):
+    """No tokenizer with this SHA-256 is stored in the registry (the service answers 404)."""
+
+    code = "tokenizer_not_found"
+    status = 404
+
 
 SECRET_BYTES = 32
 _MAX_NAME = 200
@@ -177,7 +185,7 @@ class KeyRegistry:
         with self.sessions() as session:
             row = session.get(Tokenizer, sha256)
             if row is None:
-                raise TokenizerError(f"tokenizer {sha256[:12]} is not in the registry")
+                raise TokenizerNotFoundError(f"tokenizer {sha256[:12]} is not in the registry")
             return TokenizerRef(name=row.name, sha256=row.sha256, vocab_size=row.vocab_size)
 
     def tokenizer_json(self, sha256: str) -> bytes:

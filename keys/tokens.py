@@ -39,7 +39,8 @@ class TokenRejected(AuthError):
     """A bearer token was missing, malformed, unknown, revoked or wrong.
 
     Attributes:
-        reason: "missing", "malformed", "unknown", "revoked" or "mismatch" (for the audit log;
+        reason: "missing", "malformed", "unknown", "revoked", "mismatch" or "ambiguous" (more
+            than one credential in the request; for the audit log;
             the client only ever sees "invalid or missing token").
         token_id: the id part of the token when it parsed.
     """

@@ -14,9 +14,11 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+import anyio
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text as sql_text
 
 from wmark.api import Settings, create_app
 from wmark.detector import Detector
@@ -229,7 +231,7 @@ def test_key_administration(api, planted):
     refused = api.call("POST", "/v1/detect", json={"text": text, "key_ids": [new["key_id"]]})
     assert refused.status_code == 409 and refused.json()["code"] == "key_revoked"
     missing_tok = api.call("POST", "/v1/keys", role="admin", json={"name": "x", "tokenizer_sha256": "0" * 64})
-    assert missing_tok.status_code == 422 and missing_tok.json()["code"] == "tokenizer_error"
+    assert missing_tok.status_code == 404 and missing_tok.json()["code"] == "tokenizer_not_found"
 
 
 def test_detector_is_cached_and_rebuilt_when_keys_change(api, planted, monkeypatch):
@@ -281,14 +283,23 @@ def test_detector_is_built_at_start_up(registry_config, word_tokenizer_json):
         pytest.param({"text": "w1 w2", "alpha": 0}, 422, "validation_error", id="alpha-zero"),
         pytest.param({"text": "w1 w2", "extra": 1}, 422, "validation_error", id="unknown-field"),
         pytest.param(b'{"text": "\\ud800 w1"}', 422, "validation_error", id="lone-surrogate"),
-        pytest.param({"text": "   "}, 422, "insufficient_text", id="blank"),
-        pytest.param({"token_ids": []}, 422, "insufficient_text", id="no-ids"),
+        pytest.param({"text": "   "}, 422, "validation_error", id="blank"),  # the schema says so
+        pytest.param({"token_ids": []}, 422, "validation_error", id="no-ids"),
         pytest.param({"token_ids": [-1]}, 422, "validation_error", id="negative-id"),
         pytest.param({"token_ids": [10**6]}, 422, "tokenizer_error", id="id-outside-vocab"),
         pytest.param({"text": "w1 w2", "key_ids": ["wk_nope"]}, 404, "key_not_found", id="unknown-key"),
         pytest.param({"text": "w1 w2", "key_ids": ["bad id!"]}, 422, "validation_error", id="bad-key-id"),
         pytest.param({"text": "w1 " * 3000}, 413, "text_too_long", id="text-too-long"),
         pytest.param({"token_ids": [1] * 3000}, 413, "text_too_long", id="ids-too-long"),
+        # strict types: no coercion of booleans, numeric strings or "yes"
+        pytest.param({"token_ids": [True, False]}, 422, "validation_error", id="bool-ids"),
+        pytest.param({"token_ids": ["1", "2"]}, 422, "validation_error", id="string-ids"),
+        pytest.param({"text": "w1 w2", "alpha": "0.05"}, 422, "validation_error", id="string-alpha"),
+        pytest.param({"text": "w1 w2", "return_tokens": "yes"}, 422, "validation_error", id="yes-flag"),
+        pytest.param({"text": "w1 w2", "return_tokens": 1}, 422, "validation_error", id="int-flag"),
+        # null is not "absent" (the schema allows neither)
+        pytest.param({"text": None, "token_ids": [1]}, 422, "validation_error", id="null-text"),
+        pytest.param({"text": "w1", "source": None}, 422, "validation_error", id="null-source"),
     ],
 )
 def test_bad_input_gets_a_json_4xx(make_api, body, status, code):
@@ -427,3 +438,127 @@ def test_no_secret_in_any_response_or_log(api, planted, caplog):
     for secret in secrets:
         assert secret not in everything
     assert "secret" not in json.dumps(api.call("GET", "/v1/keys", role="admin").json())
+
+
+def test_strict_types_still_accept_integral_alpha_and_json_floats(api):
+    assert api.call("POST", "/v1/detect", json={"token_ids": [1, 2, 3], "alpha": 0.5}).status_code == 200
+    assert api.call("POST", "/v1/detect", json={"text": "w1 w2", "alpha": 1}).status_code == 422  # range
+
+
+def _exec(api: Api, sql: str, **params: object) -> None:
+    with api.registry.engine.begin() as conn:
+        conn.execute(sql_text(sql), params)
+
+
+def test_a_damaged_audit_log_is_a_503_naming_it_never_a_500(api, planted):
+    text = api.text(21, n=40, planted=planted)
+    first = api.call("POST", "/v1/detect", json={"text": text}).json()["audit_seq"]
+    _exec(api, "UPDATE audit_log SET result = 'not json' WHERE seq = :s", s=first)
+    page = api.call("GET", "/v1/audit", role="auditor")
+    assert page.status_code == 503 and page.json()["code"] == "audit_log_corrupt"
+    assert f"audit row {first}" in page.json()["message"]
+    verify = api.call("GET", "/v1/audit/verify", role="auditor")
+    assert verify.status_code == 200 and verify.json()["first_bad_seq"] == first
+    assert not verify.json()["ok"] and "not a JSON object" in verify.json()["reason"]
+    # detection goes on (the damage is named by verify; new rows extend the chain)
+    assert api.call("POST", "/v1/detect", json={"text": text}).status_code == 200
+
+    _exec(api, "DELETE FROM audit_head")
+    refused = api.call("POST", "/v1/detect", json={"text": text})
+    assert refused.status_code == 503 and refused.json()["code"] == "audit_log_corrupt"
+    assert "chain head" in refused.json()["message"]  # answered unaudited? never: refused, by name
+    assert api.call("GET", "/v1/audit/verify", role="auditor").json()["ok"] is False
+    assert api.call("GET", "/healthz", role=None).status_code == 200
+
+
+def test_two_authorization_headers_are_rejected(api):
+    detector = api.tokens["detector"]
+    revoked = api.registry.tokens.create("detector", "to-revoke", actor="test")
+    api.registry.tokens.revoke(revoked.info.token_id, actor="test")
+    for second in (revoked.token, detector, api.tokens["admin"]):
+        headers = [("Authorization", f"Bearer {detector}"), ("Authorization", f"Bearer {second}")]
+        resp = api.client.post("/v1/detect", headers=headers, json={"text": "w1 w2"})
+        assert resp.status_code == 401 and resp.json()["code"] == "unauthorized", second
+    reasons = [r.result["reason"] for r in api.registry.audit.page(limit=10, action="auth_failed")]
+    assert reasons == ["ambiguous"] * 3
+    assert api.call("POST", "/v1/detect", json={"text": "w1 w2"}).status_code == 200  # one header: fine
+
+
+def test_work_and_response_size_per_request_are_bounded(make_api, planted):
+    api = make_api(max_text_chars=5000, max_request_chars=8000, max_response_tokens=300)
+    text = api.text(22, n=200, planted=planted)  # ~1000 characters, 200 tokens
+    rows = api.registry.audit.count()
+    many = api.call("POST", "/v1/detect/batch", json={"items": [{"text": text}] * 9})
+    assert many.status_code == 413 and "split the batch" in many.json()["message"]
+    evidence = api.call(
+        "POST", "/v1/detect/batch", json={"items": [{"text": text}] * 2, "return_tokens": True}
+    )
+    assert evidence.status_code == 413 and "return_tokens" in evidence.json()["message"]
+    assert api.registry.audit.count() == rows  # refused answers are not audited as given
+    assert api.call("POST", "/v1/detect/batch", json={"items": [{"text": text}] * 2}).status_code == 200
+    one = api.call("POST", "/v1/detect", json={"text": text, "return_tokens": True})
+    assert one.status_code == 200 and len(one.json()["tokens"]) == 200
+
+
+def _asgi(api: Api, scope_path: str, messages: list[dict], *, settle: bool = False) -> list[dict]:
+    """Run one HTTP request through the app (its lifespan already started) with a scripted
+    `receive`; after the script, `receive` blocks (a stalled client) or says the client is gone."""
+    sent: list[dict] = []
+    scripted = iter(messages)
+
+    async def receive() -> dict:
+        message = next(scripted, None)
+        if message is not None:
+            return message
+        if settle:
+            return {"type": "http.disconnect"}
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    headers = [
+        (b"authorization", f"Bearer {api.tokens['detector']}".encode()),
+        (b"content-type", b"application/json"),
+        (b"content-length", b"100"),
+    ]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": scope_path,
+        "raw_path": scope_path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 5555),
+        "server": ("127.0.0.1", 80),
+        "state": {},
+    }
+    api.client.portal.call(api.client.app, scope, receive, send)
+    return sent
+
+
+def test_stalled_bodies_time_out_and_vanished_clients_are_not_server_errors(make_api):
+    api = make_api(body_timeout=0.2)
+    partial = {"type": "http.request", "body": b'{"text": "w1', "more_body": True}
+    # the stalled body is answered 408 (and the connection closed) once the timeout passes; what
+    # bounds this test is that answer, not a clock
+    sent = _asgi(api, "/v1/detect", [partial])
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"])["code"] == "request_timeout"
+    # a client that disconnects mid-body gets no answer and is not counted as a server error
+    assert _asgi(api, "/v1/detect", [partial], settle=True) == []
+    lines = api.call("GET", "/metrics", role="auditor").text.splitlines()
+    counted = [line for line in lines if line.startswith("wmark_http_requests_total")]
+    assert 'wmark_http_requests_total{method="POST",route="/v1/detect",status="499"} 1.0' in lines, counted
+    assert 'wmark_http_requests_total{method="POST",route="/v1/detect",status="408"} 1.0' in lines, counted
+    assert not [line for line in lines if 'status="500"' in line or 'route="unmatched"' in line]
+
+
+def test_a_bad_content_length_is_a_json_400(api):
+    resp = api.call("POST", "/v1/detect", content=b"{}", headers={"Content-Length": "12x"})
+    assert resp.status_code == 400 and resp.json()["code"] == "bad_request"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import signal
 import socket
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from wmark.keys import KeyRegistry, RegistryConfig
 class Server:
     url: str
     log: Path
+    pid: int
 
 
 def _free_port() -> int:
@@ -76,9 +78,10 @@ def serve(log: Path, *, workers: int, env: dict[str, str]) -> Iterator[Server]:
                 pass
             assert time.monotonic() < deadline, f"server not ready:\n{log.read_text()}"
             time.sleep(0.2)
-        yield Server(url, log)
+        yield Server(url, log, proc.pid)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with suppress(ProcessLookupError):  # the group is gone when a test killed it
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -201,7 +204,10 @@ def test_a_slow_batch_does_not_block_other_requests(word_tokenizer_json, tmp_pat
     rng = np.random.default_rng(0)
     items = [{"text": " ".join(f"w{i}" for i in rng.integers(0, 500, 20_000))} for _ in range(60)]
     env = _env(
-        WMARK_API_MAX_BODY_BYTES=str(16 << 20), WMARK_API_MAX_BATCH="100", WMARK_API_MAX_TEXT_CHARS="1000000"
+        WMARK_API_MAX_BODY_BYTES=str(16 << 20),
+        WMARK_API_MAX_BATCH="100",
+        WMARK_API_MAX_TEXT_CHARS="1000000",
+        WMARK_API_MAX_REQUEST_CHARS="100000000",
     )
     with serve(tmp_path / "server.log", workers=1, env=env) as server:
         headers = {"Authorization": f"Bearer {tokens['detector']}"}
@@ -227,6 +233,112 @@ def test_a_slow_batch_does_not_block_other_requests(word_tokenizer_json, tmp_pat
     assert len(health) >= 3, f"the batch took {timings['batch']:.2f} s: too fast to test"
     # the loop answers while a thread detects: each /healthz well under the whole batch's time
     assert max(health) < timings["batch"] / 3, (health, timings)
+
+
+def _raw(url: str, request: bytes) -> bytes:
+    """Send raw bytes on a fresh connection and read until the server closes it."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json_error(response: bytes) -> tuple[int, dict]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"content-type: application/json" in head.lower(), head
+    return status, json.loads(body)
+
+
+def test_protocol_errors_stalled_bodies_and_query_tokens(word_tokenizer_json, tmp_path):
+    with KeyRegistry.open(RegistryConfig.from_env()) as registry:  # SQLite in WMARK_HOME
+        _key, tokens = _setup(registry, word_tokenizer_json)
+    env = _env(WMARK_API_BODY_TIMEOUT="0.5")
+    with serve(tmp_path / "server.log", workers=1, env=env) as server:
+        nul = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n"
+        status, body = _json_error(_raw(server.url, nul))
+        assert status == 400 and body["code"] == "bad_request"
+        bad_length = b"POST /v1/detect HTTP/1.1\r\nHost: x\r\nContent-Length: 12x\r\n\r\n{}"
+        status, body = _json_error(_raw(server.url, bad_length))
+        assert status == 400 and body["code"] == "bad_request"
+        # a body that stops arriving is answered 408 and the connection closed (the read returns)
+        stalled = (
+            f"POST /v1/detect HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tokens['detector']}\r\n"
+            'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"text": "w1'
+        ).encode()
+        status, body = _json_error(_raw(server.url, stalled))
+        assert status == 408 and body["code"] == "request_timeout"
+        # a token in the query string is not how to authenticate, and never reaches the log
+        leaked = httpx.get(f"{server.url}/v1/audit", params={"token": tokens["auditor"], "limit": "5"})
+        assert leaked.status_code == 401
+    log = (tmp_path / "server.log").read_text()
+    assert "GET /v1/audit?token=***&limit=5" in log
+    assert tokens["auditor"] not in log and tokens["auditor"][17:] not in log
+
+
+def _children(pid: int) -> set[int]:
+    """Processes whose parent is `pid` (Linux /proc)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_workers_exit_when_the_server_process_is_killed(word_tokenizer_json, tmp_path):
+    with KeyRegistry.open(RegistryConfig.from_env()) as registry:
+        _setup(registry, word_tokenizer_json)
+    with serve(tmp_path / "server.log", workers=2, env=_env()) as server:
+        parent = int(server.pid)
+        workers: set[int] = set()
+        for _ in range(600):  # until uvicorn's supervisor has started both workers
+            workers = {p for p in _children(parent) if "spawn_main" in _cmdline(p)}
+            if len(workers) == 2:
+                break
+            time.sleep(0.1)
+        assert len(workers) == 2, _children(parent)
+        metrics_dir = Path(_environ(min(workers))["PROMETHEUS_MULTIPROC_DIR"])
+        os.kill(parent, signal.SIGKILL)
+        # bounded by progress: each poll either sees the workers gone or waits for their watch
+        # (0.5 s) and graceful shutdown; the bound only turns a hang into a failure
+        for _ in range(1200):
+            if not any(_running(w) for w in workers):
+                break
+            time.sleep(0.05)
+        assert not any(_running(w) for w in workers), "workers still serving after kill -9"
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{server.url}/healthz", timeout=5)
+    assert metrics_dir.exists()  # left behind by the killed server ...
+    with serve(tmp_path / "server2.log", workers=2, env=_env()):
+        assert not metrics_dir.exists()  # ... and removed by the next one
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
 # ---- property-based fuzzing of the OpenAPI schema ----------------------------------------------

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from wmark.cli.main import app
 from wmark.keys import KeyRegistry
-from wmark.keys.audit import GENESIS, AuditEntry, canonical_row, chain_hash
+from wmark.keys.audit import GENESIS, AuditEntry, AuditLogCorrupt, canonical_row, chain_hash
 
 runner = CliRunner()
 
@@ -101,6 +101,17 @@ def _swap_contents(registry: KeyRegistry, seq: int) -> None:
         conn.execute(text(f"UPDATE audit_log SET {sets} WHERE seq = :s"), {**a._asdict(), "s": seq + 1})
 
 
+def _not_json(column: str):
+    def tamper(registry: KeyRegistry, seq: int) -> None:
+        _exec(registry, f"UPDATE audit_log SET {column} = 'not json' WHERE seq = :s", s=seq)
+
+    return tamper
+
+
+def _wrong_json_type(registry: KeyRegistry, seq: int) -> None:
+    _exec(registry, "UPDATE audit_log SET key_ids = '5', result = '[1]' WHERE seq = :s", s=seq)
+
+
 def _truncate(registry: KeyRegistry, seq: int) -> None:
     _exec(registry, "DELETE FROM audit_log WHERE seq >= :s", s=seq)
 
@@ -137,6 +148,9 @@ def _rehash_edit(registry: KeyRegistry, seq: int) -> None:
         pytest.param(_truncate, 7, 7, "truncated", id="truncate-tail"),
         pytest.param(_delete, 8, 8, "truncated", id="delete-last"),
         pytest.param(_rehash_edit, 3, 4, "prev_hash", id="edit-and-rehash"),
+        pytest.param(_not_json("result"), 3, 3, "result is not a JSON object", id="result-not-json"),
+        pytest.param(_not_json("key_ids"), 6, 6, "key_ids is not a JSON list", id="key-ids-not-json"),
+        pytest.param(_wrong_json_type, 2, 2, "key_ids is not a JSON list", id="json-of-wrong-type"),
     ],
 )
 def test_verify_names_the_first_bad_row(registry, tamper, target, named, reason):
@@ -147,6 +161,33 @@ def test_verify_names_the_first_bad_row(registry, tamper, target, named, reason)
     assert not report.ok
     assert report.first_bad_seq == named, report
     assert reason in report.reason
+
+
+def test_malformed_rows_are_named_by_every_reader(registry):
+    registry.audit.append(*_entries(4))
+    _not_json("result")(registry, 2)
+    with pytest.raises(AuditLogCorrupt, match="audit row 2: result is not a JSON object"):
+        registry.audit.page(limit=10)
+    assert [r.seq for r in registry.audit.page(limit=10, before=2)] == [1]  # rows before it still read
+    result = runner.invoke(app, ["audit", "tail"])
+    assert result.exit_code == 2 and "audit row 2" in result.output
+    result = runner.invoke(app, ["audit", "verify", "--json"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["first_bad_seq"] == 2
+
+
+def test_a_deleted_chain_head_is_reported_and_refuses_appends(registry):
+    registry.audit.append(*_entries(3))
+    _exec(registry, "DELETE FROM audit_head")
+    report = registry.audit.verify()
+    assert not report.ok and report.rows == 3 and report.first_bad_seq == 3
+    assert "chain head" in (report.reason or "")
+    # an append must not start a new chain (that would hide the deletion): it refuses, by name
+    with pytest.raises(AuditLogCorrupt, match="chain head"):
+        registry.audit.append(*_entries(1))
+    with pytest.raises(AuditLogCorrupt, match="chain head"):
+        registry.audit.count()
+    result = runner.invoke(app, ["audit", "verify"])
+    assert result.exit_code == 1 and "chain head" in result.output
 
 
 def test_anchor_catches_a_rebuilt_chain(registry):
