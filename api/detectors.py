@@ -11,11 +11,19 @@ import threading
 from collections.abc import Callable, Sequence
 
 from wmark.detector import Detector, TextTokenizer
-from wmark.errors import InputError, TokenizerError
+from wmark.errors import KeyRegistryError, TokenizerError
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 
-__all__ = ["DetectorCache"]
+__all__ = ["DetectorCache", "NoKeysError"]
+
+
+class NoKeysError(KeyRegistryError):
+    """The registry has no active or retired key (a state of the service, not a bad request)."""
+
+    code = "no_keys"
+    status = 409
+
 
 _MAX_SUBSETS = 64
 
@@ -81,7 +89,7 @@ class DetectorCache:
 
         Raises:
             KeyNotFoundError, KeyRevokedError: a requested key is unknown or revoked.
-            InputError: there is no key to detect with.
+            NoKeysError: there is no key to detect with.
         """
         state = self.registry.key_state()
         with self._lock:
@@ -99,7 +107,7 @@ class DetectorCache:
                     if key_id not in self._keys:  # unknown or revoked: raises the precise error
                         self._keys[key_id] = self.registry.material(key_id)
                 if not wanted:
-                    raise InputError("no keys to detect with: create one with `wmark keys create NAME`")
+                    raise NoKeysError("no keys to detect with: create one with `wmark keys create NAME`")
                 detector = _SharedDetector([self._keys[k] for k in wanted], self._tokenizers)
                 if len(self._subsets) >= _MAX_SUBSETS:
                     self._subsets.pop(next(iter(self._subsets)))

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from wmark.api.route_match import matching_routes
 from wmark.api.schemas import ErrorOut
 from wmark.errors import AuthError, InputError, WmarkError
 from wmark.keys.tokens import TokenRejected
@@ -144,10 +145,14 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "validation_error", "; ".join(parts) or "invalid request")
 
 
-async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # the router names the methods of one route; the path may have more
+        methods = set().union(*(m for _, m in matching_routes(request.scope)))
+        headers["Allow"] = ", ".join(sorted(methods))
+    return error_response(exc.status_code, code, str(exc.detail), headers)
 
 
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 
-from fastapi.routing import iter_route_contexts
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -21,8 +20,9 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.multiprocess import MultiProcessCollector
-from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from wmark.api.route_match import matching_routes
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsMiddleware"]
 
@@ -92,18 +92,13 @@ class Metrics:
 
 def _route(scope: Scope) -> str:
     """The route template of the request: set by the router, or matched here for requests answered
-    before routing (413, 408, a client gone mid-body); those are rare, so matching is not cached."""
+    before routing (413, 408, a client gone mid-body)."""
     route = getattr(scope.get("route"), "path", None)
     if route is not None:
         return str(route)
-    app = scope.get("app")
-    routes = getattr(getattr(app, "router", None), "routes", [])
-    for context in iter_route_contexts(routes):
-        if context.path is None:
-            continue
-        regex, _, _ = compile_path(context.path)
-        if regex.match(scope.get("path", "")) and scope.get("method") in (context.methods or ()):
-            return str(context.path)
+    for template, methods in matching_routes(scope):
+        if scope.get("method") in methods:
+            return template
     return "unmatched"
 
 

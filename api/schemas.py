@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 __all__ = [
@@ -26,8 +34,17 @@ __all__ = [
     "VerifyOut",
 ]
 
+
+def _integral(value: object) -> object:
+    """4.0 is an integer to JSON Schema (and so to generated clients); true and "4" are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+_Integral = BeforeValidator(_integral)  # after the bounds, so that they stay in the JSON schema
 KeyId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
-TokenId = Annotated[int, Field(ge=0, le=2**32 - 1)]
+TokenId = Annotated[int, Field(ge=0, le=2**32 - 1), _Integral]
 Alpha = Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)]
 KeyIds = Annotated[list[KeyId], Field(max_length=64)]
 
@@ -155,8 +172,8 @@ class KeyCreate(_Strict):
     tokenizer_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = Field(
         description="SHA-256 of a tokenizer.json stored in the registry (see an existing key's spec)."
     )
-    context_width: Annotated[int, Field(ge=1, le=16)] = 4
-    min_scored_tokens: Annotated[int, Field(ge=1, le=100_000)] = 16
+    context_width: Annotated[int, Field(ge=1, le=16), _Integral] = 4
+    min_scored_tokens: Annotated[int, Field(ge=1, le=100_000), _Integral] = 16
 
 
 class KeyPublic(BaseModel):
