@@ -127,6 +127,24 @@ def pg_url(pg_available: bool) -> Iterator[str]:
         admin.dispose()
 
 
+REDIS_URL = os.environ.get("WMARK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture()
+def redis_url() -> str:
+    """The Redis server on 127.0.0.1:6379 (the service's shared rate limits)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError:
+        unavailable("Redis on 127.0.0.1:6379 is not reachable")
+    finally:
+        client.close()
+    return REDIS_URL
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, _isolated_home: Path) -> str:
     """Each registry test runs on SQLite (a file in WMARK_HOME) and on the real PostgreSQL."""

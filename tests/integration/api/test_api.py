@@ -562,3 +562,21 @@ def test_stalled_bodies_time_out_and_vanished_clients_are_not_server_errors(make
 def test_a_bad_content_length_is_a_json_400(api):
     resp = api.call("POST", "/v1/detect", content=b"{}", headers={"Content-Length": "12x"})
     assert resp.status_code == 400 and resp.json()["code"] == "bad_request"
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("shared", [True, False], ids=["redis", "per-process"])
+def test_rate_limits_per_token_are_shared_across_processes_through_redis(make_api, redis_url, shared):
+    # two apps = two worker processes (each has its own limiter objects), one database
+    limits = {"rate_per_second": 0.001, "rate_burst": 3, "redis_url": redis_url if shared else None}
+    first, second = make_api(**limits), make_api(**limits)
+    token = {"Authorization": f"Bearer {first.tokens['detector']}"}
+    statuses = [
+        app.client.post("/v1/detect", headers=token, json={"text": "w1 w2"}).status_code
+        for app in (first, second) * 3
+    ]
+    # shared: 3 requests in all, whichever worker answers; per process: 3 in each
+    assert statuses == ([200] * 3 + [429] * 3 if shared else [200] * 6)
+    # another token has its own bucket
+    other = {"Authorization": f"Bearer {first.tokens['admin']}"}
+    assert second.client.post("/v1/detect", headers=other, json={"text": "w1 w2"}).status_code == 200
