@@ -25,6 +25,7 @@ from wmark.api.metrics import Metrics, MetricsMiddleware
 from wmark.api.parent_watch import watch_parent
 from wmark.api.settings import Settings
 from wmark.api.shared_limits import rate_limiter
+from wmark.api.token_cache import TokenCache
 from wmark.errors import WmarkError
 from wmark.keys import KeyRegistry
 
@@ -75,6 +76,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
                 settings.redis_url, "auth_fail", settings.auth_fail_per_second, settings.auth_fail_burst
             ),
             metrics=metrics,
+            token_cache=TokenCache(registry.tokens),
         )
         generator = None
         if generation is not None:  # torch loads only here

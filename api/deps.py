@@ -21,11 +21,12 @@ from wmark.api.limits import RateLimiter
 from wmark.api.metrics import Metrics
 from wmark.api.settings import Settings
 from wmark.api.shared_limits import SharedRateLimiter
+from wmark.api.token_cache import TokenCache
 from wmark.keys import KeyRegistry
 from wmark.keys.audit import AuditEntry
 from wmark.keys.tokens import Role, TokenInfo, TokenRejected
 
-__all__ = ["AdminToken", "AuditorToken", "DetectorToken", "Service", "ServiceDep", "get_service"]
+__all__ = ["AdminToken", "AuditorToken", "DetectorToken", "Service", "ServiceDep", "get_service", "reject"]
 
 log = logging.getLogger("wmark.api")
 
@@ -42,6 +43,7 @@ class Service:
     limiter: RateLimiter | SharedRateLimiter
     auth_limiter: RateLimiter | SharedRateLimiter
     metrics: Metrics
+    token_cache: TokenCache
 
 
 async def get_service(request: Request) -> Service:
@@ -53,9 +55,10 @@ async def get_service(request: Request) -> Service:
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def _reject(
+def reject(
     service: Service, request: Request, reason: str, token_id: str | None, error: Exception
 ) -> NoReturn:
+    """Count, audit (within the failed-authentication rate limit) and raise a refusal."""
     service.metrics.auth_failures.labels(reason).inc()
     client = request.client.host if request.client else "unknown"
     wait = service.auth_limiter.acquire(client)
@@ -78,8 +81,12 @@ def _reject(
     raise error
 
 
-def require(role: Role) -> Callable[..., TokenInfo]:
-    """A dependency that admits a valid token allowed to act as `role`, within its rate limit."""
+def require(role: Role, *, cached: bool = False) -> Callable[..., TokenInfo]:
+    """A dependency that admits a valid token allowed to act as `role`, within its rate limit.
+
+    `cached`: take the token from the process's `TokenCache`; only for routes that re-check
+    revocation in the transaction of their audit row (the detection routes).
+    """
 
     def dependency(
         request: Request,
@@ -91,11 +98,11 @@ def require(role: Role) -> Callable[..., TokenInfo]:
             if len(request.headers.getlist("authorization")) > 1:
                 # proxies and frameworks disagree on which of two headers counts: accept neither
                 raise TokenRejected("ambiguous")
-            info = service.registry.tokens.authenticate(token)
+            info = (service.token_cache if cached else service.registry.tokens).authenticate(token)
         except TokenRejected as exc:
-            _reject(service, request, exc.reason, exc.token_id, exc)
+            reject(service, request, exc.reason, exc.token_id, exc)
         if not info.allows(role):
-            _reject(
+            reject(
                 service,
                 request,
                 "forbidden",
@@ -111,6 +118,6 @@ def require(role: Role) -> Callable[..., TokenInfo]:
     return dependency
 
 
-DetectorToken = Annotated[TokenInfo, Depends(require("detector"))]
+DetectorToken = Annotated[TokenInfo, Depends(require("detector", cached=True))]
 AdminToken = Annotated[TokenInfo, Depends(require("admin"))]
 AuditorToken = Annotated[TokenInfo, Depends(require("auditor"))]

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from wmark.api.deps import DetectorToken, Service, ServiceDep
+from wmark.api.deps import DetectorToken, Service, ServiceDep, reject
 from wmark.api.errors import AUTHENTICATED, TextTooLong, documented
 from wmark.api.schemas import BatchRequest, BatchResponse, DetectItem, DetectRequest, DetectResponse
 from wmark.detector import Detection, Detector
 from wmark.keys.audit import AuditEntry, detection_entry, text_digest
+from wmark.keys.tokens import TokenInfo, TokenRejected, TokenStore
 
 __all__ = ["router"]
 
@@ -71,19 +73,20 @@ def _run(detector: Detector, item: DetectItem, *, alpha: float, return_tokens: b
     )
 
 
-def _entry(actor: str, item: DetectItem, detector: Detector, detection: Detection) -> AuditEntry:
+def _entry(actor: str, item: DetectItem, detector: Detector, answer: dict[str, Any]) -> AuditEntry:
     return detection_entry(
         actor=actor,
         key_ids=[k.key_id for k in detector.keys],
         text_sha256=input_digest(item),
-        detection=detection.to_dict(include_tokens=False),
+        detection=answer,  # the audited fields are picked from it; per-token evidence is not
         input_kind="text" if item.text is not None else "token_ids",
     )
 
 
 def _detect_all(
     service: Service,
-    actor: str,
+    request: Request,
+    token: TokenInfo,
     items: Sequence[DetectItem],
     *,
     key_ids: Sequence[str] | None,
@@ -95,14 +98,19 @@ def _detect_all(
     detections = [_run(detector, item, alpha=alpha, return_tokens=return_tokens) for item in items]
     if return_tokens:
         _check_response(service, detections)
-    records = service.registry.audit.append(
-        *(_entry(actor, item, detector, d) for item, d in zip(items, detections, strict=True))
-    )
-    out = []
-    for detection, record in zip(detections, records, strict=True):
+    answers = [d.to_dict(include_tokens=return_tokens) for d in detections]  # once: it is not cheap
+    try:
+        records = service.registry.audit.append(
+            *(_entry(token.actor, item, detector, a) for item, a in zip(items, answers, strict=True)),
+            precondition=partial(TokenStore.ensure_unrevoked, token_id=token.token_id),
+        )
+    except TokenRejected as exc:  # revoked after the token was cached: refused, as at the door
+        service.token_cache.forget(token.token_id)
+        reject(service, request, exc.reason, exc.token_id, exc)
+    for detection, answer, record in zip(detections, answers, records, strict=True):
         service.metrics.verdicts.labels(detection.verdict).inc()
-        out.append({**detection.to_dict(include_tokens=return_tokens), "audit_seq": record.seq})
-    return out
+        answer["audit_seq"] = record.seq
+    return answers
 
 
 @router.post(
@@ -111,14 +119,22 @@ def _detect_all(
     response_model_exclude_unset=True,  # `tokens` only when asked for, as in `wmark detect --json`
     summary="Detect one text or token-ID list",
 )
-def detect(body: DetectRequest, token: DetectorToken, service: ServiceDep) -> dict[str, Any]:
+def detect(
+    body: DetectRequest, token: DetectorToken, service: ServiceDep, request: Request
+) -> dict[str, Any]:
     """Test a text (or token IDs) against every active and retired key, or the `key_ids` given.
 
     The verdict is "watermarked" when the Holm-adjusted p-value of some key is at most `alpha`.
     The text itself is never stored: the audit log keeps its SHA-256.
     """
     return _detect_all(
-        service, token.actor, [body], key_ids=body.key_ids, alpha=body.alpha, return_tokens=body.return_tokens
+        service,
+        request,
+        token,
+        [body],
+        key_ids=body.key_ids,
+        alpha=body.alpha,
+        return_tokens=body.return_tokens,
     )[0]
 
 
@@ -128,11 +144,14 @@ def detect(body: DetectRequest, token: DetectorToken, service: ServiceDep) -> di
     response_model_exclude_unset=True,
     summary="Detect many inputs",
 )
-def detect_batch(body: BatchRequest, token: DetectorToken, service: ServiceDep) -> dict[str, Any]:
+def detect_batch(
+    body: BatchRequest, token: DetectorToken, service: ServiceDep, request: Request
+) -> dict[str, Any]:
     """Detect every item with the same keys and alpha; one audit row per item, in order."""
     results = _detect_all(
         service,
-        token.actor,
+        request,
+        token,
         body.items,
         key_ids=body.key_ids,
         alpha=body.alpha,

@@ -22,7 +22,7 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,7 +33,7 @@ from weakref import WeakKeyDictionary
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from wmark.errors import InputError, KeyRegistryError
+from wmark.errors import InputError, KeyRegistryError, WmarkError
 from wmark.keys.models import AuditEvent, AuditHead, utcnow
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 GENESIS = "0" * 64  # prev_hash of the first row
+Precondition = Callable[[Session], None]  # see AuditLog.append
 _VERIFY_CHUNK = 1000
 
 
@@ -364,20 +365,28 @@ class AuditLog:
 
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self.sessions = sessions
-        self._queue: list[tuple[Sequence[AuditEntry], Future[list[AuditRecord]]]] = []
+        self._queue: list[tuple[Sequence[AuditEntry], Precondition | None, Future[list[AuditRecord]]]] = []
         self._turn = threading.Condition()
         self._writing = False
 
-    def append(self, *entries: AuditEntry) -> list[AuditRecord]:
+    def append(self, *entries: AuditEntry, precondition: Precondition | None = None) -> list[AuditRecord]:
         """Append entries, in order, and return their rows once committed.
 
         Group commit: threads of one process that append at the same time share one locked
         transaction (and one fsync). The first caller writes everything queued so far, its own
         entries included; the others wait for their rows, and one of any still queued writes next.
+
+        Args:
+            entries: the rows to write.
+            precondition: called in the write transaction, under the lock, before the entries are
+                written; a `WmarkError` it raises is this caller's (its entries are not written,
+                the others' are). The service checks there that the token it authenticated from a
+                cache is still unrevoked, so an answer is only ever audited, and given, under a
+                token valid at that moment.
         """
         mine: Future[list[AuditRecord]] = Future()
         with self._turn:
-            self._queue.append((entries, mine))
+            self._queue.append((entries, precondition, mine))
             while self._writing and not mine.done():
                 self._turn.wait()
             if mine.done():
@@ -386,18 +395,31 @@ class AuditLog:
             batch, self._queue = self._queue, []
         try:
             with write_transaction(self.sessions) as session:
-                written = [self.append_in(session, queued) for queued, _ in batch]
+                written = [self._append_checked(session, queued, check) for queued, check, _ in batch]
         except BaseException as exc:
-            for _, waiter in batch:
+            for _, _, waiter in batch:
                 waiter.set_exception(exc)
         else:
-            for (_, waiter), records in zip(batch, written, strict=True):
-                waiter.set_result(records)
+            for (_, _, waiter), records in zip(batch, written, strict=True):
+                if isinstance(records, WmarkError):
+                    waiter.set_exception(records)
+                else:
+                    waiter.set_result(records)
         finally:
             with self._turn:
                 self._writing = False
                 self._turn.notify_all()
         return mine.result()
+
+    def _append_checked(
+        self, session: Session, entries: Sequence[AuditEntry], precondition: Precondition | None
+    ) -> list[AuditRecord] | WmarkError:
+        if precondition is not None:
+            try:
+                precondition(session)
+            except WmarkError as exc:
+                return exc
+        return self.append_in(session, entries)
 
     @staticmethod
     def append_in(session: Session, entries: Sequence[AuditEntry]) -> list[AuditRecord]:

@@ -171,6 +171,17 @@ class TokenStore:
                 )
             return _info(row)
 
+    @staticmethod
+    def ensure_unrevoked(session: Session, token_id: str) -> None:
+        """Within a transaction: raise `TokenRejected("revoked")` if the token was revoked (or deleted).
+
+        For callers that authenticated a token earlier (from a cache) and must not act on it
+        past its revocation: see `AuditLog.append(precondition=...)`.
+        """
+        row = session.execute(select(ApiToken.revoked_at).where(ApiToken.id == token_id)).one_or_none()
+        if row is None or row.revoked_at is not None:
+            raise TokenRejected("revoked", token_id)
+
     def authenticate(self, token: str | None) -> TokenInfo:
         """The token's info if `token` is a valid, unrevoked token.
 

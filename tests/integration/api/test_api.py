@@ -580,3 +580,24 @@ def test_rate_limits_per_token_are_shared_across_processes_through_redis(make_ap
     # another token has its own bucket
     other = {"Authorization": f"Bearer {first.tokens['admin']}"}
     assert second.client.post("/v1/detect", headers=other, json={"text": "w1 w2"}).status_code == 200
+
+
+def test_a_cached_token_is_refused_as_soon_as_it_is_revoked(api, monkeypatch):
+    token = {"Authorization": f"Bearer {api.tokens['detector']}"}
+    assert api.client.post("/v1/detect", headers=token, json={"text": "w1 w2"}).status_code == 200
+    queries = []
+    monkeypatch.setattr(api.registry.tokens, "authenticate", lambda t: queries.append(t) or 1 / 0)
+    # cached: the next detection does not authenticate against the database ...
+    assert api.client.post("/v1/detect", headers=token, json={"text": "w1 w2"}).status_code == 200
+    assert queries == []
+    monkeypatch.undo()
+    # ... yet a revocation committed by anyone (another process, the CLI) holds from then on
+    token_id = api.tokens["detector"].split("_")[1]
+    api.registry.tokens.revoke(token_id, actor="test")
+    detected = len(api.registry.audit.page(limit=100, action="detect"))
+    for _ in range(2):
+        refused = api.client.post("/v1/detect", headers=token, json={"text": "w1 w2"})
+        assert refused.status_code == 401 and "www-authenticate" in refused.headers
+    assert len(api.registry.audit.page(limit=100, action="detect")) == detected  # nothing answered
+    failed = api.registry.audit.page(limit=2, action="auth_failed")
+    assert [r.result["reason"] for r in failed] == ["revoked", "revoked"]
