@@ -322,17 +322,18 @@ def main() -> None:
 
 `{command}`, one run of {args.rounds} rounds, loopback. This machine: {os.cpu_count()} cores
 ({cpu}), shared with the load generator (this script: one process, a minimal asyncio HTTP/1.1
-client over keep-alive connections, one request in flight on each) and with whatever else ran on
-it (1-minute load average {load_before:.1f} at the start), so the figures are noisy. {len(texts)}
+client over keep-alive connections, one request in flight on each) and with other engineers' work
+(1-minute load average {load_before:.1f} at the start), so the figures are noisy. {len(texts)}
 distinct texts of {n_tokens:.0f} Qwen2.5 tokens (human-written documents found on the machine), one key.
 
 All servers run from the start; each round measures every row in turn, so drift of the machine
 hits all rows alike: req/s is the median over the rounds, p50/p99 are over every request. The
 in-process row calls `Detector.detect()` one text at a time. The 1-connection rows send one
 request at a time (latency without queueing); the {args.concurrency}-connection rows measure throughput
-under load. Each service request also pays HTTP + JSON, the bearer-token check (one SELECT), the
-key-set check (one SELECT) and its audit-log row, written under the database write lock (SQLite:
-BEGIN IMMEDIATE, WAL; PostgreSQL: row lock on the chain head) and group-committed with the rows of
+under load. Each service request also pays HTTP + JSON, the bearer-token check (cached per
+process; the token's revocation is re-checked inside the audit transaction), the key-set check
+(one SELECT) and its audit-log row, written under the database write lock (SQLite: BEGIN
+IMMEDIATE, WAL; PostgreSQL: row lock on the chain head) and group-committed with the rows of
 concurrent requests of the same worker. Every response was 200, and at the end each database's
 audit log held exactly one row per request sent to it and its chain verified.
 
