@@ -29,6 +29,8 @@ def migrate() -> None:
 
 
 _METRICS_PREFIX = "wmark-metrics-"
+# read by wmark.api.parent_watch in each worker (named, not imported: cli and api are separate layers)
+_PARENT_ENV = "WMARK_SERVE_PID"
 
 
 def _alive(pid: int) -> bool:
@@ -128,13 +130,11 @@ def serve(
             "QUEUE": queue,
         }
         os.environ.update({f"WMARK_GENERATE_{k}": str(v) for k, v in variables.items() if v is not None})
-    from wmark.api.parent_watch import ENV as PARENT_ENV
-
     if run_migrations:
         migrate()
     metrics_dir = None
     if workers > 1:
-        os.environ[PARENT_ENV] = str(os.getpid())  # workers exit if this process is killed
+        os.environ[_PARENT_ENV] = str(os.getpid())  # workers exit if this process is killed
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # Each worker writes its samples here and /metrics sums them (prometheus_client
             # multiprocess mode); the name carries this process id so a later start can remove it.
@@ -158,4 +158,4 @@ def serve(
         if metrics_dir is not None:
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
             shutil.rmtree(metrics_dir, ignore_errors=True)
-        os.environ.pop(PARENT_ENV, None)
+        os.environ.pop(_PARENT_ENV, None)
