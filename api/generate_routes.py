@@ -152,7 +152,8 @@ async def _complete(
     reply = _Reply(chat=chat, model=settings.model_name or "", decode=generation.pair.decode)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(
+        return _GenerationStream(
+            job,
             _stream(job, reply, include_usage=include_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -222,9 +223,29 @@ def _extension(finished: Finished) -> dict[str, Any]:
     }
 
 
+class _GenerationStream(StreamingResponse):
+    """A streamed generation that is cancelled whenever its response ends, however it ends.
+
+    When the client goes away, Starlette cancels the response; if that happens while it is
+    sending (not waiting inside the event generator), the generator stays suspended at a
+    `yield` and its `finally` would only run when it is garbage-collected, leaving the model
+    busy for a client that is gone. Cancelling here does not depend on that.
+    """
+
+    def __init__(self, job: Job, content: AsyncIterator[bytes], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.job = job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
 async def _stream(job: Job, reply: _Reply, *, include_usage: bool) -> AsyncIterator[bytes]:
-    """The server-sent events of one generation. Starlette cancels this when the client goes
-    away; the `finally` then cancels the generation."""
+    """The server-sent events of one generation (`_GenerationStream` cancels the job when the
+    response ends; the `finally` here covers a generator closed first)."""
     try:
         if reply.chat:
             yield sse(reply.chunk(role=True))
