@@ -145,9 +145,9 @@ class VllmGumbelKey:
         self.spec = spec
         key = _secret_key(secret)
         self.alpha = spec.dual_key_alpha
-        self._keys: tuple[int, ...] = (key,)
+        self.subkeys: tuple[int, ...] = (key,)  # the PRF keys, secret: (key,) or (key A, key B)
         if self.alpha is not None:  # vLLM's dual-key watermarker: key A with 1 - alpha, key B with alpha
-            self._keys = (derive_watermark_key(key, b"key_a"), derive_watermark_key(key, b"key_b"))
+            self.subkeys = (derive_watermark_key(key, b"key_a"), derive_watermark_key(key, b"key_b"))
 
     def __repr__(self) -> str:
         return f"VllmGumbelKey(scheme={self.spec.scheme}, key=<redacted>)"
@@ -164,7 +164,7 @@ class VllmGumbelKey:
         contexts = vllm_contexts(generated, self.spec.context_width)
         keep = first_occurrence(contexts)
         ctx, tokens = np.ascontiguousarray(contexts[keep]), generated[keep]
-        uniforms = [vllm_uniforms(k, ctx, tokens) for k in self._keys]
+        uniforms = [vllm_uniforms(k, ctx, tokens) for k in self.subkeys]
         per_key = [-np.log1p(-u) for u in uniforms]
         positions = np.flatnonzero(keep).astype(np.int64) + start
         a = self.alpha
