@@ -6,9 +6,11 @@ Configuration is the server's environment, never the request:
   WMARK_MASTER_KEY, as for every wmark command); it must be bound to the served tokenizer.
 - WMARK_VLLM_DIVERSITY_BITS: the unkeyed diversity prefix, as `wmark generate` (default 16).
 - WMARK_VLLM_UNWATERMARKED: comma-separated SHA-256 hex digests of opt-out tokens. A request
-  asks for no watermark with `watermarking=False` or `extra_args={"wmark_watermark": false}`,
-  and is served so only if `extra_args["wmark_token"]` hashes to one of them; otherwise vLLM
-  answers 400. Greedy requests (temperature 0) carry no watermark, so they need a token too.
+  asks for no watermark with `extra_args={"wmark_watermark": false}`, and is served so only if
+  `extra_args["wmark_token"]` hashes to one of them; otherwise vLLM answers 400. Greedy requests
+  (temperature 0) carry no watermark, so they need a token too. (vLLM's own `watermarking`
+  field switches its native watermark; the engine overwrites it when it has none configured,
+  so it cannot carry a request's wish here.)
 
 Watermarked requests may not set repetition, frequency or presence penalties or min_p: vLLM
 applies those after logits processors, so the race could not see them (400 instead of a silent
@@ -63,13 +65,9 @@ def _extra(params: Any) -> dict[str, Any]:
     return extra if isinstance(extra, dict) else {}
 
 
-def _wants_watermark(params: Any) -> bool:
-    return params.watermarking is not False and _extra(params).get("wmark_watermark", True) is not False
-
-
 def watermarked(params: Any, settings: PluginSettings) -> bool:
     """Whether a request gets the race; raises ValueError (vLLM's 400) for a refused request."""
-    opt_out = not _wants_watermark(params) or params.temperature == 0
+    opt_out = _extra(params).get("wmark_watermark", True) is False or params.temperature == 0
     if opt_out:
         if settings.allows_unwatermarked(_extra(params).get("wmark_token")):
             return False
