@@ -1,14 +1,16 @@
 """Detection of vLLM's native watermark: wmark against vLLM's own detector, side by side (tokens/s).
 
     make vllm-venv   # once: vLLM's own venv with wmark installed in it (see the Makefile)
-    ~/.cache/wmark/vllm-venv-.../bin/python bench/vllm_detect_throughput.py [--docs 2000] [--rounds 3]
+    ~/.cache/wmark/vllm-venv-0.32.0-torch2.13.0/bin/python bench/vllm_detect_throughput.py [--docs 2000]
 
 Both score the same token IDs (human text of this machine's system corpus, tokenised once with
 the embedded tokenizer, outside the timed region) under the same vLLM key, one document at a
 time as a service would: vLLM's `GumbelWatermarkDetector.detect` / the dual-key detector, and
 wmark's `Detector.detect(token_ids=...)` with the key registered as a vLLM scheme. The p-values
-are compared on every document first. Rounds alternate between the rows so that drift of this
-shared machine hits all of them alike; the median round is reported.
+are compared on every document first (the dual-key detector's come from torch's gammaincc,
+itself ~1e-9 off the exact tail; tests/unit/core/test_vllm_gumbel.py). Rounds alternate between
+the rows so that drift of this shared machine hits all of them alike; the median round is
+reported.
 """
 
 from __future__ import annotations
@@ -62,11 +64,13 @@ def main() -> None:
         ]
 
     names = list(rows)
-    worst = 0.0
-    for theirs_name, ours_name in zip(names[::2], names[1::2], strict=True):
-        for a, b in zip(rows[theirs_name](), rows[ours_name](), strict=True):
-            if a > 0.0:
-                worst = max(worst, abs(a - b) / a)
+    pairs = list(zip(names[::2], names[1::2], strict=True))
+    worst = {}  # largest relative p-value difference per pair, where vLLM's p-value is not 0
+    for theirs_name, ours_name in pairs:
+        diffs = [
+            abs(a - b) / a for a, b in zip(rows[theirs_name](), rows[ours_name](), strict=True) if a > 0.0
+        ]
+        worst[ours_name] = max(diffs)
 
     times: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(args.rounds):
@@ -77,16 +81,16 @@ def main() -> None:
 
     print(
         f"corpus: {len(docs)} documents, {n_tokens:,} token IDs; wmark PRF backend: {fast_backend()}; "
-        f"{args.rounds} alternating rounds, median; largest relative p-value difference {worst:.1e}"
+        f"{args.rounds} alternating rounds, median"
     )
     print()
-    print("| detector | tokens/s | wmark / vLLM |")
-    print("|---|---:|---:|")
-    for theirs_name, ours_name in zip(names[::2], names[1::2], strict=True):
+    print("| detector | tokens/s | wmark / vLLM | largest relative p-value difference |")
+    print("|---|---:|---:|---:|")
+    for theirs_name, ours_name in pairs:
         base = n_tokens / statistics.median(times[theirs_name])
         rate = n_tokens / statistics.median(times[ours_name])
-        print(f"| {theirs_name} | {base:,.0f} | |")
-        print(f"| {ours_name} | {rate:,.0f} | {rate / base:.1f}x |")
+        print(f"| {theirs_name} | {base:,.0f} | | |")
+        print(f"| {ours_name} | {rate:,.0f} | {rate / base:.1f}x | {worst[ours_name]:.1e} |")
 
 
 if __name__ == "__main__":
