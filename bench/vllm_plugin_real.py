@@ -14,13 +14,11 @@ top-k 50; each is detected with `wmark.detector.Detector`.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
 import tempfile
 import time
-from importlib import resources
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -28,6 +26,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 
 from wmark.detector import Detector  # noqa: E402
 from wmark.detector.tokenize import read_tokenizer_source  # noqa: E402
+from wmark.eval.prompts import Prompt, load_prompt_set  # noqa: E402
 from wmark.generator.embedded import DRAFTER, models_dir  # noqa: E402
 from wmark.integrations.vllm import WmarkLogitsProcessor  # noqa: E402
 from wmark.keys import KeyRegistry, RegistryConfig  # noqa: E402
@@ -35,12 +34,12 @@ from wmark.keys import KeyRegistry, RegistryConfig  # noqa: E402
 N_TOKENS = 128
 
 
-def _prompts(per_set: int) -> list[str]:
-    out = []
-    for name in ("code-mini.jsonl", "eli5-mini.jsonl", "summaries-mini.jsonl"):
-        lines = resources.files("wmark.eval").joinpath("prompt_sets", name).read_text().splitlines()
-        out += [json.loads(line)["prompt"] for line in lines[:per_set]]
-    return out
+def _prompts(per_set: int) -> list[Prompt]:
+    return [
+        p
+        for name in ("code-mini", "eli5-mini", "summaries-mini")
+        for p in load_prompt_set(name, limit=per_set).prompts
+    ]
 
 
 def main() -> None:
@@ -62,7 +61,7 @@ def main() -> None:
     prompts = _prompts(args.per_set)
     params = SamplingParams(temperature=1.0, top_k=50, min_tokens=N_TOKENS, max_tokens=N_TOKENS)
     start = time.perf_counter()
-    outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
+    outputs = llm.chat([p.chat_messages() for p in prompts], params)
     generated = time.perf_counter() - start
 
     detector = Detector([key])
@@ -75,7 +74,7 @@ def main() -> None:
         ids = list(out.outputs[0].token_ids)
         d = detector.detect(token_ids=ids)
         log_ps.append(d.log_p)
-        print(f"| {prompt[:48]}... | {len(ids)} | {d.n_scored} | {d.p_value:.1e} |")
+        print(f"| {prompt.id} | {len(ids)} | {d.n_scored} | {d.p_value:.1e} |")
     passed = sum(lp < math.log(1e-6) for lp in log_ps)
     print()
     print(
