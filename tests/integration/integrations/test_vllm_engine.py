@@ -127,31 +127,3 @@ def test_opt_outs_need_an_allowed_token_and_penalties_are_refused(served):
     allowed = SamplingParams(temperature=0.0, max_tokens=4, extra_args={"wmark_token": OPT_OUT})
     assert len(llm.generate(prompt, allowed)[0].outputs[0].token_ids) == 4
 
-
-@pytest.mark.parametrize("algorithm", ["gumbel", "dual_key_gumbel"])
-def test_vllm_native_watermark_is_detected_as_vllm_detects_it(tmp_path, word_tokenizer_json, algorithm):
-    """vLLM generating with its own --watermark-config; wmark detects it with the registered key."""
-    from vllm.v1.watermarking import DualKeyGumbelWatermarkDetector, GumbelWatermarkDetector
-
-    from wmark.vllm_gumbel import VllmWatermarkConfig
-
-    _tiny_qwen2(tmp_path / "model", word_tokenizer_json, vocab=501)
-    config = {"key": 0x5EED5EED5EED, "algorithm": algorithm, "alpha": 0.3}
-    llm = LLM(
-        model=str(tmp_path / "model"), dtype="float32", max_model_len=256, enforce_eager=True, seed=0,
-        watermark_config=config,
-    )  # fmt: skip
-    params = SamplingParams(temperature=1.0, top_k=50, seed=3, max_tokens=N_TOKENS, ignore_eos=True)
-    tokens = list(llm.generate([{"prompt_token_ids": [5, 17, 240, 33]}], params)[0].outputs[0].token_ids)
-    with KeyRegistry.open(RegistryConfig.from_env()) as registry:
-        ref = registry.add_tokenizer(word_tokenizer_json, "words")
-        info = registry.import_vllm_key("prod-vllm", ref, VllmWatermarkConfig.from_dict(config))
-        key = registry.material(info.key_id)
-    ours = Detector([key]).detect(token_ids=tokens)
-    if algorithm == "gumbel":
-        theirs = GumbelWatermarkDetector(config["key"]).detect(tokens)
-    else:
-        theirs = DualKeyGumbelWatermarkDetector(config["key"], alpha=0.3).detect(tokens)
-    assert ours.n_scored == theirs.num_scored_tokens
-    assert ours.p_value == pytest.approx(theirs.p_value, rel=1e-8, abs=0)  # dual key: torch's gammaincc
-    assert ours.verdict == "watermarked" and ours.p_value < 1e-6
