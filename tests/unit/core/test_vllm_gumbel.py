@@ -147,8 +147,10 @@ def test_vllm_key_sits_with_wmark_keys_under_holm():
     assert both.log_p == pytest.approx(min(0.0, alone.log_p + math.log(2)), rel=1e-12)
 
 
-def test_localizer_finds_a_vllm_watermarked_passage():
-    vec = next(v for v in DETECTIONS if v["name"] == "vllm-watermarked-w4-n1500")
+@pytest.mark.parametrize("name", ["vllm-watermarked-w4-n1500", "vllm-watermarked-w3-n2000"])
+def test_localizer_finds_a_vllm_watermarked_passage(name):
+    """Gumbel and dual-key (alpha 0.3: the window tails are Gamma(n / v, scale v))."""
+    vec = next(v for v in DETECTIONS if v["name"] == name)
     key = _key(vec)
     rng = np.random.default_rng(3)
     human = rng.integers(0, 1000, size=1500).tolist()
@@ -158,6 +160,13 @@ def test_localizer_finds_a_vllm_watermarked_passage():
     # vLLM's contexts run from the text's start, so the passage's own first contexts differ:
     # the window must overlap the passage, not match it exactly
     assert loc.window.start < 1900 and loc.window.end > 1500
+    scorer = Detector([key]).scorers[key.key_id]
+    raw = scorer.log_p_many(np.array([loc.window.n_scored]), np.array([loc.window.score]))[0]
+    assert raw == pytest.approx(loc.window.log_p_raw, rel=1e-12)
+    v = scorer.variance
+    assert raw == pytest.approx(
+        math.log(special.gammaincc(loc.window.n_scored / v, loc.window.score / v)), rel=1e-9
+    )
 
 
 @pytest.mark.parametrize("alpha", [0.1, 0.3, 0.5, 0.0, 1.0])
