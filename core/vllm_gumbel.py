@@ -116,10 +116,6 @@ def _secret_key(secret: Secret) -> int:
     return int(digits)
 
 
-def _exp_tail(s: npt.NDArray[np.float64], scale: float) -> npt.NDArray[np.float64]:
-    return np.exp(-s / scale) if scale > 0 else np.zeros_like(s)
-
-
 @dataclass(frozen=True)
 class VllmScored:
     """Scored positions of a text under a vLLM key.
@@ -181,7 +177,7 @@ class VllmGumbelKey:
             return -np.expm1(-s)
         if a == 0.5:
             return -np.expm1(-2.0 * s) - 2.0 * s * np.exp(-2.0 * s)
-        return 1.0 - (b * _exp_tail(s, b) - a * _exp_tail(s, a)) / (b - a)
+        return 1.0 - (b * np.exp(-s / b) - a * np.exp(-s / a)) / (b - a)
 
 
 @dataclass(frozen=True, kw_only=True)
