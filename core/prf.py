@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from wmark.errors import SpecError
 from wmark.secret import Secret
 
 if TYPE_CHECKING:
@@ -164,6 +165,8 @@ class KeyedSource:
     """
 
     def __init__(self, secret: Secret, spec: WatermarkSpec) -> None:
+        if spec.is_vllm:
+            raise SpecError(f"a {spec.scheme} key is vLLM's own watermark: see wmark.vllm_gumbel")
         self._key = _hmac_key(secret)
         self.spec = spec
         tag = WINDOW_TAG if spec.context_mode == "window" else PREFIX_TAG

@@ -31,6 +31,7 @@ __all__ = [
     "chernoff_log_p",
     "log_gamma_sf",
     "log_gamma_sf_many",
+    "log_gamma_tail",
     "score_pivots",
 ]
 
@@ -78,6 +79,39 @@ def aaronson_scores(pivots: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Per-token Aaronson scores s_t = -ln(1 - U_t): Exp(1) under H0."""
     out: npt.NDArray[np.float64] = -np.log1p(-np.asarray(pivots, dtype=np.float64))
     return out
+
+
+def log_gamma_tail(shape: float, s: float) -> float:
+    """ln Q(shape, s) for any real shape > 0: the Gamma tail of a moment-matched statistic.
+
+    Integer shapes take `log_gamma_sf`. Otherwise `gammaincc` while it is comfortably above
+    underflow, else Legendre's continued fraction for Q (DLMF 8.9.2) evaluated by the modified
+    Lentz method, in log space; there s > shape, where the fraction converges in a few terms.
+    """
+    if shape <= 0.0 or s <= 0.0:
+        return 0.0
+    if float(shape).is_integer():
+        return log_gamma_sf(int(shape), s)
+    p = float(special.gammaincc(shape, s))
+    if p > 1e-250:
+        return math.log(p)
+    tiny = 1e-300
+    b = s + 1.0 - shape
+    c, d = 1.0 / tiny, 1.0 / b
+    fraction = d
+    for i in range(1, 10_000):
+        a_i = -i * (i - shape)
+        b += 2.0
+        d = a_i * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + a_i / c
+        c = tiny if abs(c) < tiny else c
+        d = 1.0 / d
+        delta = c * d
+        fraction *= delta
+        if abs(delta - 1.0) < 1e-16:
+            break
+    return -s + shape * math.log(s) - float(special.gammaln(shape)) + math.log(fraction)
 
 
 def chernoff_log_p(n: int, mean_score: float, log_mgf: Callable[[float], float], h0_mean: float) -> float:

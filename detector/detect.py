@@ -2,6 +2,8 @@
 
 Pure numpy after tokenisation: no model weights. Several keys are tested at once with Holm's
 correction, so a text is flagged only if the family-wise error over all keys stays at alpha.
+A key of one of vLLM's native schemes is tested the same way (`KeyScorer`), with vLLM's PRF,
+contexts and score (`wmark.vllm_gumbel`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from wmark.detector.tokenize import TextTokenizer
 from wmark.errors import InputError, InsufficientTextError, TokenizerError
 from wmark.keymaterial import KeyMaterial
 from wmark.prf import KeyedSource
-from wmark.scoring import ScoreResult, aaronson_scores, score_pivots
+from wmark.scoring import ScoreResult, aaronson_scores, log_gamma_sf_many, log_gamma_tail
+from wmark.vllm_gumbel import VllmGumbelKey
 
 __all__ = [
     "Detector",
@@ -27,6 +30,7 @@ __all__ = [
     "Encodings",
     "KeyPivots",
     "KeyScore",
+    "KeyScorer",
     "detect",
     "holm_adjust",
     "key_pivots",
@@ -37,10 +41,19 @@ TokenizerLookup = Callable[[str], bytes]
 
 @dataclass(frozen=True)
 class KeyPivots:
-    """Scored positions of a sequence under one key, and their pivots U(y_t, 1)."""
+    """Scored positions of a sequence under one key, their pivots and scores.
+
+    Attributes:
+        positions: (m,) scored positions, ascending.
+        pivots: (m,) U(y_t, 1), Unif(0, 1) under H0 (for vLLM's dual-key scheme: the H0 CDF of
+            the token's score).
+        scores: (m,) each position's share of the test statistic: -ln(1 - pivot), or vLLM's
+            weighted dual-key score.
+    """
 
     positions: npt.NDArray[np.int64]
     pivots: npt.NDArray[np.float64]
+    scores: npt.NDArray[np.float64]
 
 
 def key_pivots(
@@ -57,9 +70,56 @@ def key_pivots(
     spec = source.spec
     if spec.context_mode == "prefix":
         positions = np.arange(start, len(token_ids), dtype=np.int64)
-        return KeyPivots(positions, source.prefix_pivots(token_ids.tolist(), start))
-    sp = scored_positions(token_ids, spec.context_width, start)
-    return KeyPivots(sp.positions, source.window_pivots(sp.windows, token_ids[sp.positions], threads=threads))
+        pivots = source.prefix_pivots(token_ids.tolist(), start)
+    else:
+        sp = scored_positions(token_ids, spec.context_width, start)
+        positions, pivots = (
+            sp.positions,
+            source.window_pivots(sp.windows, token_ids[sp.positions], threads=threads),
+        )
+    return KeyPivots(positions, pivots, aaronson_scores(pivots))
+
+
+class KeyScorer:
+    """One key's test, whatever its scheme: scored positions, per-token scores, exact p-value.
+
+    The statistic (the sum of a text's token scores over n scored positions) is
+    Gamma(n / v, scale v) under H0: v = 1 for wmark's keys and vLLM's "gumbel" (the Aaronson
+    test), and vLLM's moment-matched (1 - alpha)^2 + alpha^2 for its dual-key scheme.
+    """
+
+    def __init__(self, key: KeyMaterial) -> None:
+        self.key = key
+        self._source: KeyedSource | VllmGumbelKey
+        if key.spec.is_vllm:
+            self._source = VllmGumbelKey(key.secret, key.spec)
+            self.variance = self._source.variance
+        else:
+            self._source = KeyedSource(key.secret, key.spec)
+            self.variance = 1.0
+
+    def pivots(self, token_ids: npt.NDArray[np.uint32], *, start: int = 0, threads: int = 1) -> KeyPivots:
+        """Scored positions of `token_ids` (prompt in front when start > 0) and their evidence."""
+        if isinstance(self._source, KeyedSource):
+            return key_pivots(token_ids, self._source, start=start, threads=threads)
+        scored = self._source.score(token_ids, start)
+        return KeyPivots(scored.positions, scored.pivots, scored.scores)
+
+    def test(self, kp: KeyPivots) -> ScoreResult:
+        """The exact test of all of `kp`'s scored positions."""
+        n, score = len(kp.scores), float(kp.scores.sum())
+        return ScoreResult(score, log_gamma_tail(n / self.variance, score / self.variance), n)
+
+    def log_p_many(
+        self, n: npt.NDArray[np.int64], scores: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """Exact log p-values of many statistics `scores[i]` over `n[i]` positions (windows)."""
+        if self.variance == 1.0:
+            return log_gamma_sf_many(n, scores)
+        v = self.variance
+        return np.array(
+            [log_gamma_tail(k / v, s / v) for k, s in zip(n.tolist(), scores.tolist(), strict=True)]
+        )
 
 
 def holm_adjust(log_ps: Sequence[float]) -> list[float]:
@@ -166,7 +226,7 @@ class Detector:
         if not keys:
             raise InputError("no keys to detect with: create one with `wmark keys create NAME`")
         self.keys = list(keys)
-        self._sources = {k.key_id: KeyedSource(k.secret, k.spec) for k in self.keys}
+        self.scorers = {k.key_id: KeyScorer(k) for k in self.keys}
         self._shas = sorted({k.spec.tokenizer.sha256 for k in self.keys})
         self._lookup = tokenizers
         self._tokenizers: dict[str, TextTokenizer] = {}
@@ -222,7 +282,7 @@ class Detector:
         return [Encodings({sha: Encoding(batches[sha][i]) for sha in self._shas}) for i in range(len(texts))]
 
     def score_keys(self, encodings: Encodings, *, start: int = 0) -> list[KeyScore]:
-        """Every key's scored positions, pivots and exact Aaronson test on one input.
+        """Every key's scored positions, pivots and exact test on one input.
 
         Raises:
             InsufficientTextError: no tokens.
@@ -232,8 +292,9 @@ class Detector:
         for key in self.keys:
             ids = encodings.for_key(key).ids
             check_vocabulary(ids, key)
-            kp = key_pivots(ids, self._sources[key.key_id], start=start, threads=self.threads)
-            out.append(KeyScore(key, kp, score_pivots(kp.pivots)))
+            scorer = self.scorers[key.key_id]
+            kp = scorer.pivots(ids, start=start, threads=self.threads)
+            out.append(KeyScore(key, kp, scorer.test(kp)))
         return out
 
     def detect(
@@ -327,20 +388,13 @@ class Detector:
 
 
 def _token_evidence(enc: Encoding, kp: KeyPivots) -> tuple[TokenEvidence, ...]:
-    pivot_at = dict(zip(kp.positions.tolist(), kp.pivots.tolist(), strict=True))
+    pairs = zip(kp.pivots.tolist(), kp.scores.tolist(), strict=True)
+    evidence_at = dict(zip(kp.positions.tolist(), pairs, strict=True))
     out = []
     for t, token_id in enumerate(enc.ids.tolist()):
-        u = pivot_at.get(t)
+        u, s = evidence_at.get(t, (None, None))
         span = enc.offsets[t] if enc.offsets is not None else (None, None)
-        out.append(
-            TokenEvidence(
-                token_id=token_id,
-                start=span[0],
-                end=span[1],
-                pivot=u,
-                score=None if u is None else float(aaronson_scores(u)),
-            )
-        )
+        out.append(TokenEvidence(token_id=token_id, start=span[0], end=span[1], pivot=u, score=s))
     return tuple(out)
 
 

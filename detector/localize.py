@@ -3,8 +3,9 @@
 Per key, the scored positions and pivots of the whole document are computed once
 (`key_pivots`). A *window* is a run of consecutive scored positions; the family tested is fixed
 by the number m of scored positions alone: lengths w, 2w, 4w, ... below m, each with 50 %
-overlap (starts every half length). Prefix sums of s_t = -ln(1 - u_t) score any window in O(1);
-its exact p-value is the Gamma(n, 1) upper tail.
+overlap (starts every half length). Prefix sums of the token scores (s_t = -ln(1 - u_t), or
+vLLM's weighted dual-key score) score any window in O(1); its exact p-value is the key's Gamma
+tail (`KeyScorer`: Gamma(n, 1) but for vLLM's dual-key scheme).
 
 Coverage: a passage of P >= 1.5 w scored positions contains a whole window of more than P / 3
 of them (take the largest length L with 1.5 L <= P; the first start at or after the passage
@@ -39,7 +40,6 @@ from wmark.detector.detect import (
 from wmark.detector.result import Verdict
 from wmark.errors import InputError, WmarkError
 from wmark.keymaterial import KeyMaterial
-from wmark.scoring import aaronson_scores, log_gamma_sf_many
 
 __all__ = ["KeyLocalization", "Localization", "Localizer", "Window", "window_family"]
 
@@ -303,10 +303,10 @@ class Localizer:
         starts, ends = _family(len(kp.pivots), w + (w % 2))
         if len(starts) == 0:
             return None
-        prefix = np.concatenate(([0.0], np.cumsum(aaronson_scores(kp.pivots))))
+        prefix = np.concatenate(([0.0], np.cumsum(kp.scores)))
         lengths = ends - starts
         scores = prefix[ends] - prefix[starts]
-        log_q = log_gamma_sf_many(lengths, scores)
+        log_q = self.detector.scorers[whole.key.key_id].log_p_many(lengths, scores)
         best = int(np.argmin(log_q))
         n_windows = len(starts)
         # this key's windows share alpha / 2: Bonferroni factor 2 W

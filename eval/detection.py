@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -72,7 +72,7 @@ def generated_pivots(prompt_ids: Sequence[int], token_ids: Sequence[int], source
     """
     tail = list(prompt_ids)[-source.spec.context_width :]
     kp = key_pivots(np.array([*tail, *token_ids], dtype=np.uint32), source, start=len(tail))
-    return KeyPivots(kp.positions - len(tail), kp.pivots)
+    return replace(kp, positions=kp.positions - len(tail))
 
 
 def text_pivots(prompt_ids: Sequence[int], token_ids: Sequence[int], source: KeyedSource) -> TextPivots:

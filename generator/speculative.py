@@ -27,10 +27,11 @@ from wmark.generator.draft_tree import DraftTree, Expand, commit, grow, verify
 from wmark.generator.logits import Support, supports
 from wmark.race import mpfr_draws, race_winner
 
-__all__ = ["autoregressive_block", "tree_block"]
+__all__ = ["autoregressive_block", "race", "tree_block"]
 
 
-def _race(policy: ClockPolicy, prefix: Sequence[int], path: PathState | None, dist: Support) -> Emission:
+def race(policy: ClockPolicy, prefix: Sequence[int], path: PathState | None, dist: Support) -> Emission:
+    """The race winner at the position after `prefix` (+ path), under the clock the policy picks."""
     kind = policy.kind(prefix, path)
     u = policy.uniforms(policy.seed(prefix, kind), dist.ids)[:, 0]
     token = int(dist.ids[race_winner(dist.probs, u)])
@@ -42,7 +43,7 @@ def autoregressive_block(inp: BlockInputs) -> Block:
     start = time.perf_counter()
     root, _ = inp.target.extend([], [])
     verify = time.perf_counter() - start
-    emission = _race(inp.policy, inp.committed, None, supports(root[None], inp.target_logits)[0])
+    emission = race(inp.policy, inp.committed, None, supports(root[None], inp.target_logits)[0])
     inp.target.accept([], [emission.token])
     return Block([emission], verify_seconds=verify)
 
@@ -81,7 +82,7 @@ def tree_block(inp: BlockInputs) -> Block:
     block = Block(drafted=len(tree.nodes), draft_seconds=draft_seconds, verify_seconds=verify_seconds)
     prefix, state, cur, path = list(inp.committed), inp.policy.root_path(), -1, []
     while True:
-        emission = _race(inp.policy, prefix, state, dists[cur + 1])
+        emission = race(inp.policy, prefix, state, dists[cur + 1])
         block.emitted.append(emission)
         state = inp.policy.extend_path(prefix, state, emission.kind, -math.log2(emission.prob))
         prefix.append(emission.token)
@@ -92,7 +93,7 @@ def tree_block(inp: BlockInputs) -> Block:
         if child is None or emission.token in inp.eos or len(block.emitted) >= inp.remaining:
             break
         if tree.node(cur).depth == inp.lookahead:  # whole path accepted: one bonus token
-            bonus = _race(inp.policy, prefix, state, dists[cur + 1])
+            bonus = race(inp.policy, prefix, state, dists[cur + 1])
             block.emitted.append(bonus)
             break
     commit(inp, tree, path, [e.token for e in block.emitted])

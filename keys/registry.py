@@ -38,6 +38,7 @@ from wmark.keys.models import Key, Tokenizer, utcnow
 from wmark.keys.tokens import TokenStore
 from wmark.secret import Secret
 from wmark.spec import TokenizerRef, WatermarkSpec
+from wmark.vllm_gumbel import VllmWatermarkConfig
 
 __all__ = ["KeyInfo", "KeyRegistry", "TokenizerNotFoundError"]
 
@@ -209,9 +210,7 @@ class KeyRegistry:
         actor: str = LOCAL_ACTOR,
     ) -> KeyInfo:
         """Create an active key with a fresh random secret bound to `tokenizer` (audited as `actor`)."""
-        name = name.strip()
-        if not name or len(name) > _MAX_NAME or not name.isprintable():
-            raise InputError(f"a key name must be 1..{_MAX_NAME} printable characters")
+        name = _check_name(name)
         spec = WatermarkSpec(
             tokenizer=tokenizer,
             context_width=context_width,
@@ -225,9 +224,32 @@ class KeyRegistry:
             _audit_key_change(session, actor, "key_create", [row])
             return _info(row)
 
-    def _new_key(self, session: Session, name: str, spec: WatermarkSpec) -> Key:
+    def import_vllm_key(
+        self,
+        name: str,
+        tokenizer: TokenizerRef,
+        config: VllmWatermarkConfig,
+        *,
+        min_scored_tokens: int = 16,
+        actor: str = LOCAL_ACTOR,
+    ) -> KeyInfo:
+        """Register the key of a vLLM deployment's `--watermark-config`, to detect its watermark.
+
+        The config's secret key is sealed under the master key like any secret; the rest goes
+        in the public spec. Audited as a key creation.
+        """
+        name = _check_name(name)
+        spec = config.spec(tokenizer, min_scored_tokens=min_scored_tokens)
+        with write_transaction(self.sessions) as session:
+            if session.get(Tokenizer, tokenizer.sha256) is None:
+                raise TokenizerError("add the tokenizer to the registry before creating a key with it")
+            row = self._new_key(session, name, spec, config.secret())
+            _audit_key_change(session, actor, "key_create", [row])
+            return _info(row)
+
+    def _new_key(self, session: Session, name: str, spec: WatermarkSpec, secret: Secret | None = None) -> Key:
         key_id = "wk_" + secrets.token_hex(6)
-        secret = new_secret()
+        secret = secret if secret is not None else new_secret()
         row = Key(
             id=key_id,
             name=name,
@@ -269,6 +291,11 @@ class KeyRegistry:
             old = self._row(session, key_id, for_update=True)
             if old.status != "active":
                 raise KeyRevokedError(f"key {key_id} is {old.status}; only an active key can be rotated")
+            if WatermarkSpec.from_json(old.spec).is_vllm:
+                raise InputError(
+                    f"key {key_id} is a vLLM deployment's key: change it in vLLM's --watermark-config, "
+                    "register the new one with `wmark keys create --scheme`, then revoke this one"
+                )
             new = self._new_key(session, old.name, WatermarkSpec.from_json(old.spec))
             new.replaces = old.id
             old.status = "retired"
@@ -293,6 +320,10 @@ class KeyRegistry:
             row = self._row(session, key_id)
             if row.status == "revoked":
                 raise KeyRevokedError(f"key {key_id} is revoked")
+            if for_generation and WatermarkSpec.from_json(row.spec).is_vllm:
+                raise InputError(
+                    f"key {key_id} holds vLLM's native watermark: vLLM generates it, wmark detects it"
+                )
             if for_generation and row.status != "active":
                 raise KeyRevokedError(
                     f"key {key_id} is retired (rotated to {row.replaced_by}); generate with that one"
@@ -347,6 +378,13 @@ class KeyRegistry:
         if row is None:
             raise KeyNotFoundError(f"no key with id {key_id!r} (see `wmark keys list`)")
         return row
+
+
+def _check_name(name: str) -> str:
+    name = name.strip()
+    if not name or len(name) > _MAX_NAME or not name.isprintable():
+        raise InputError(f"a key name must be 1..{_MAX_NAME} printable characters")
+    return name
 
 
 def _audit_key_change(session: Session, actor: str, action: str, rows: Sequence[Key]) -> None:

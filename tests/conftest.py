@@ -198,7 +198,44 @@ def plant_watermark(
     return ids[key.spec.context_width :]
 
 
+def plant_vllm_watermark(
+    key: KeyMaterial, n_tokens: int, rng: np.random.Generator, *, support: int = 40
+) -> list[int]:
+    """Tokens drawn as vLLM's watermarking sampler draws them (vLLM scheme keys), no model.
+
+    vLLM's Gumbel-max argmax_v log P(v) - ln(-ln U(v)) is the race argmin_v -ln U(v) / P(v), run
+    here with vLLM's PRF (pinned to vLLM's code by tests/vectors/vllm_gumbel.json): contexts are
+    the generated tokens before, -1 padded; a repeated context draws without the key; the
+    dual-key scheme draws with key B with probability alpha, else key A.
+    """
+    from wmark.race import race_winner
+    from wmark.vllm_gumbel import VllmGumbelKey, vllm_contexts, vllm_uniforms
+
+    subkeys = VllmGumbelKey(key.secret, key.spec).subkeys
+    h, alpha = key.spec.context_width, key.spec.dual_key_alpha
+    ids: list[int] = []
+    seen: set[tuple[int, ...]] = set()
+    while len(ids) < n_tokens:
+        cand = rng.choice(np.arange(1, key.spec.tokenizer.vocab_size), size=support, replace=False)
+        probs = rng.dirichlet(np.full(support, 0.5))
+        context = vllm_contexts(np.array(ids + [0], dtype=np.uint32), h)[-1]
+        if tuple(context) in seen:
+            ids.append(int(rng.choice(cand, p=probs)))
+            continue
+        seen.add(tuple(context))
+        subkey = subkeys[1] if alpha is not None and rng.random() < alpha else subkeys[0]
+        u = vllm_uniforms(subkey, np.repeat(context[None], support, axis=0), cand.astype(np.uint32))
+        ids.append(int(cand[race_winner(probs, u)]))
+    return ids
+
+
 @pytest.fixture()
 def planted() -> Callable[..., list[int]]:
-    """`plant_watermark` as a fixture (test modules cannot import conftest)."""
-    return plant_watermark
+    """`plant_watermark` (`plant_vllm_watermark` for vLLM keys) as a fixture (test modules cannot
+    import conftest)."""
+
+    def plant(key: KeyMaterial, n_tokens: int, rng: np.random.Generator, **kwargs: int) -> list[int]:
+        fn = plant_vllm_watermark if key.spec.is_vllm else plant_watermark
+        return fn(key, n_tokens, rng, **kwargs)
+
+    return plant

@@ -1,0 +1,1 @@
+"""wmark.integrations: wmark inside other serving stacks (vLLM: `wmark.integrations.vllm`)."""
