@@ -23,23 +23,44 @@ import torch
 
 from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import TextTokenizer
+from wmark.eval.models import prompt_encoder
+from wmark.eval.prompts import load_prompt_set
+from wmark.generator.drafters import build_drafter, drafter_model_source
 from wmark.generator.embedded import embedded_tokenizer_json
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.loading import load_pair, resolve_source
+from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE
 
 PROMPTS = [
     "Explain like I'm five: why is the sky blue?",
     "Explain like I'm five: how do airplanes stay up in the air?",
     "Explain like I'm five: why do we have to sleep?",
 ]
-SETTINGS = [
-    ("basic-uwm", "basic-uwm", 1),
-    ("pfr L=4", "pfr", 1),
-    ("pfr-nowm L=4", "pfr-nowm", 1),
-    ("mpfr B=2 L=4", "mpfr", 2),
-    ("mpfr B=4 L=4", "mpfr", 4),
-    ("mpfr B=8 L=4", "mpfr", 8),
-]
+
+
+@dataclass(frozen=True)
+class Setting:
+    method: str
+    drafts: int | None = None  # None: the sampler's default
+    lookahead: int | None = None
+    drafter: str | None = None  # a `--drafter` name; None for basic-uwm
+    confidence: float | None = None  # dynamic lookahead threshold; None: the default
+
+
+SETTINGS = {
+    "basic-uwm": Setting("basic-uwm"),
+    "pfr L=4": Setting("pfr", 1, 4, "embedded", 0.0),
+    "pfr-nowm L=4": Setting("pfr-nowm", 1, 4, "embedded", 0.0),
+    "mpfr B=2 L=4": Setting("mpfr", 2, 4, "embedded", 0.0),
+    "mpfr B=4 L=4": Setting("mpfr", 4, 4, "embedded", 0.0),
+    "mpfr B=8 L=4": Setting("mpfr", 8, 4, "embedded", 0.0),
+    # `wmark generate`'s defaults: mpfr, drafter auto, SamplerConfig's B and L, the CLI's confidence
+    "default": Setting("mpfr", drafter="auto", confidence=DEFAULT_DRAFT_CONFIDENCE),
+    "default drafter=embedded": Setting("mpfr", drafter="embedded", confidence=DEFAULT_DRAFT_CONFIDENCE),
+    "default drafter=ngram": Setting("mpfr", drafter="ngram", confidence=DEFAULT_DRAFT_CONFIDENCE),
+    "default confidence=0": Setting("mpfr", drafter="auto", confidence=0.0),
+}
+CLASSIC = ["basic-uwm", "pfr L=4", "pfr-nowm L=4", "mpfr B=2 L=4", "mpfr B=4 L=4", "mpfr B=8 L=4"]
 
 
 @dataclass
@@ -47,6 +68,8 @@ class Row:
     tokens: int = 0
     seconds: float = 0.0
     forwards: int = 0
+    draft_forwards: int = 0
+    blocks: int = 0
     aatps: list[float] = field(default_factory=list)
     draft: float = 0.0
     verify: float = 0.0
@@ -56,22 +79,65 @@ class Row:
     masked: list[int] = field(default_factory=list)
 
 
+def _config(setting: Setting, tokens: int) -> SamplerConfig:
+    given = {
+        "drafts": setting.drafts,
+        "lookahead": setting.lookahead,
+        "draft_confidence": setting.confidence,
+    }
+    return SamplerConfig(
+        method=setting.method, max_new_tokens=tokens, **{k: v for k, v in given.items() if v is not None}
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--precision", default="int8")
     parser.add_argument("--skip-hf", action="store_true", help="skip the transformers generate() reference")
+    parser.add_argument(
+        "--prompt-sets",
+        default=None,
+        help="comma-separated prompt sets (e.g. eli5-mini,code-mini); default: 3 ELI5 prompts",
+    )
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts of each set")
+    parser.add_argument(
+        "--settings",
+        default=",".join(CLASSIC),
+        help=f"comma-separated rows: {', '.join(SETTINGS)}, or method:B:L:drafter:confidence",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    names = [n.strip() for n in args.settings.split(",")]
+    for name in names:  # ad hoc rows: method:B:L:drafter:confidence
+        if name not in SETTINGS and name.count(":") == 4:
+            method, b, ell, drafter_name, conf = name.split(":")
+            SETTINGS[name] = Setting(method, int(b), int(ell), drafter_name, float(conf))
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown or "basic-uwm" not in names:
+        parser.error(f"unknown settings {unknown} (basic-uwm is required: the ratios are against it)")
 
     pair = load_pair("embedded", "embedded", precision=args.precision)
+    assert pair.drafter is not None
     tok = TextTokenizer(embedded_tokenizer_json(), "qwen2.5-coder")
     key = KeyMaterial(
         key_id="wk_bench",
         secret=Secret(hashlib.sha256(b"bench key").digest()),
         spec=WatermarkSpec(tokenizer=tok.ref),
     )
+    drafters = {
+        d: build_drafter(d, pair.target, pair.drafter if drafter_model_source(d, "embedded") else None)
+        for d in {SETTINGS[n].drafter for n in names} - {None}
+        if d is not None
+    }
+    prompts: list[tuple[str, list[int]]] = []
+    if args.prompt_sets:
+        encode = prompt_encoder(pair, chat=True)
+        for set_name in args.prompt_sets.split(","):
+            prompts += [(set_name, encode(p)) for p in load_prompt_set(set_name, limit=args.limit).prompts]
+    else:
+        prompts = [("explanations", pair.encode_prompt(p)) for p in PROMPTS]
     hf_model = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -80,18 +146,21 @@ def main() -> None:
             str(resolve_source("embedded", "target")), dtype=torch.float32
         )
 
-    rows: dict[str, Row] = {name: Row() for name, *_ in SETTINGS}
-    if hf_model is not None:
-        rows["transformers generate() fp32"] = Row()
-    for i, prompt in enumerate(PROMPTS):
-        ids = pair.encode_prompt(prompt)
-        for name, method, drafts in SETTINGS:
-            config = SamplerConfig(method=method, drafts=drafts, lookahead=4, max_new_tokens=args.tokens)
-            out = generate(pair.target, ids, config=config, key=key, drafter=pair.drafter, seed=i)
-            row = rows[name]
+    groups = list(dict.fromkeys(g for g, _ in prompts))
+    rows: dict[tuple[str, str], Row] = {}
+    for i, (group, ids) in enumerate(prompts):
+        for name in names:  # methods alternate prompt by prompt
+            setting = SETTINGS[name]
+            drafter = drafters.get(setting.drafter) if setting.drafter else None
+            out = generate(
+                pair.target, ids, config=_config(setting, args.tokens), key=key, drafter=drafter, seed=i
+            )
+            row = rows.setdefault((group, name), Row())
             row.tokens += len(out.token_ids)
             row.seconds += out.timings.total
             row.forwards += out.target_forwards
+            row.draft_forwards += out.draft_forwards
+            row.blocks += len(out.blocks)
             row.aatps.append(out.aatps)
             row.draft += out.timings.draft
             row.verify += out.timings.verify
@@ -100,8 +169,8 @@ def main() -> None:
             row.diverse.append(len(out.diverse_positions))
             row.masked.append(len(out.masked_positions))
             print(
-                f"  {name:>14} prompt {i}: {len(out.token_ids)} tokens, {out.tokens_per_s:.2f} tok/s, "
-                f"AATPS {out.aatps:.2f}",
+                f"  {name:>14} {group} prompt {i}: {len(out.token_ids)} tokens, "
+                f"{out.tokens_per_s:.2f} tok/s, AATPS {out.aatps:.2f}",
                 flush=True,
             )
         if hf_model is not None:
@@ -117,7 +186,7 @@ def main() -> None:
                     min_new_tokens=args.tokens,
                 )
             seconds = time.perf_counter() - start
-            row = rows["transformers generate() fp32"]
+            row = rows.setdefault((group, "transformers generate() fp32"), Row())
             n = gen.shape[1] - len(ids)
             row.tokens += n
             row.seconds += seconds
@@ -125,18 +194,28 @@ def main() -> None:
             row.aatps.append(1.0)
             print(f"  transformers prompt {i}: {n} tokens, {n / seconds:.2f} tok/s", flush=True)
 
-    base = rows["basic-uwm"]
     print()
     print(
-        f"{len(PROMPTS)} prompts x {args.tokens} new tokens, "
+        f"{len(prompts)} prompts x {args.tokens} new tokens, "
         f"torch threads {args.threads}, precision {args.precision}"
     )
+    for group in groups:
+        _table(group, {name: row for (g, name), row in rows.items() if g == group})
+
+
+def _table(group: str, rows: dict[str, Row]) -> None:
+    """One prompt set's rows; c and r in units of basic-uwm's forward (the cost model)."""
+    base = rows["basic-uwm"]
+    unit = base.verify / base.forwards  # seconds of one one-token target forward
+    print()
+    print(f"{group}: {len(base.outputs)} prompts")
     print()
     print(
-        "| method | tokens/s | vs basic-uwm | AATPS (mean ± sd) | target forwards | draft s | verify s | "
+        "| method | tokens/s | vs basic-uwm | AATPS (mean ± sd) | target forwards | c (drafter forward) | "
+        "L·c (draft per block) | r (verify per block) | AATPS / (L·c + r) | draft s | verify s | "
         "bookkeeping s | same tokens as basic-uwm | diversity / masked positions per answer |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, row in rows.items():
         rate = row.tokens / row.seconds
         same = (
@@ -145,10 +224,14 @@ def main() -> None:
             else f"{sum(a == b for a, b in zip(row.outputs, base.outputs, strict=True))}/{len(row.outputs)}"
         )
         sd = statistics.stdev(row.aatps) if len(row.aatps) > 1 else 0.0
+        blocks = row.blocks or row.forwards
+        c = row.draft / row.draft_forwards / unit if row.draft_forwards else 0.0
+        lc, r = row.draft / blocks / unit, row.verify / blocks / unit
+        predicted = f"{statistics.mean(row.aatps) / (lc + r):.2f}x" if r else ""
         print(
             f"| {name} | {rate:.2f} | {rate / (base.tokens / base.seconds):.2f}x | "
-            f"{statistics.mean(row.aatps):.2f} ± {sd:.2f} | {row.forwards} | {row.draft:.1f} | "
-            f"{row.verify:.1f} | {row.bookkeeping:.1f} | {same} | "
+            f"{statistics.mean(row.aatps):.2f} ± {sd:.2f} | {row.forwards} | {c:.2f} | {lc:.2f} | {r:.2f} | "
+            f"{predicted} | {row.draft:.1f} | {row.verify:.1f} | {row.bookkeeping:.1f} | {same} | "
             f"{statistics.mean(row.diverse or [0]):.1f} / {statistics.mean(row.masked or [0]):.1f} |"
         )
 

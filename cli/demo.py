@@ -15,6 +15,7 @@ from wmark.cli.common import console, open_registry, print_json
 from wmark.cli.generate import load_with_status, run_generation
 from wmark.detector import Detector
 from wmark.generator.embedded import embedded_tokenizer_json
+from wmark.generator.names import AUTO, DEFAULT_DRAFT_CONFIDENCE, DRAFTER_HELP
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 
@@ -44,18 +45,21 @@ def demo(
     seed: Annotated[int | None, typer.Option(help="Make the run reproducible.")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     precision: Annotated[str, typer.Option(help="auto, int8, exact-fp32, fp32, bf16, fp16.")] = "auto",
+    drafter: Annotated[str, typer.Option(help=f"Drafter: {DRAFTER_HELP}")] = AUTO,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of the report.")
     ] = False,
 ) -> None:
-    """Generate a watermarked answer with the embedded models (mpfr B=4 L=4), detect it and a human text."""
+    """Generate a watermarked answer with the embedded models (mpfr), detect it and a human text."""
     from wmark.generator.engine import SamplerConfig
 
     with open_registry() as registry:
         key = demo_key(registry)
-        pair = load_with_status("embedded", "embedded", device, precision)
-        config = SamplerConfig(method="mpfr", drafts=4, lookahead=4, max_new_tokens=max_new_tokens)
-        result = run_generation(pair, pair.encode_prompt(prompt), config, key, seed, quiet=as_json)
+        pair, draft = load_with_status("embedded", drafter, device, precision)
+        config = SamplerConfig(
+            method="mpfr", max_new_tokens=max_new_tokens, draft_confidence=DEFAULT_DRAFT_CONFIDENCE
+        )
+        result = run_generation(pair, draft, pair.encode_prompt(prompt), config, key, seed, quiet=as_json)
         detector = Detector(registry.detection_keys([key.key_id]), registry.tokenizer_json)
         generated = detector.detect(result.text, source="generated answer")
         control = detector.detect(human_control(), source="human control (Zen of Python)")

@@ -85,7 +85,8 @@ def eval_cmd(
     drafter: Annotated[
         str,
         typer.Option(
-            help="Drafters (comma-separated): 'embedded', 'target' (the target itself), a dir or id."
+            help="Drafters (comma-separated): 'embedded', 'ngram', 'auto', 'target' (the target "
+            "itself), a dir or id."
         ),
     ] = "embedded",
     draft_temperature: Annotated[

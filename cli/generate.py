@@ -11,27 +11,34 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from wmark.cli.common import err_console, open_registry, print_json
 from wmark.errors import InputError
-from wmark.generator.names import METHOD_NAMES
+from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DRAFTER_HELP, METHOD_NAMES
 from wmark.keymaterial import KeyMaterial
 
 if TYPE_CHECKING:  # torch and transformers load only when a command generates
+    from wmark.generator.backend import LanguageModel
     from wmark.generator.engine import SamplerConfig
     from wmark.generator.loading import ModelPair
     from wmark.generator.result import GenerationResult
 
 
-def load_with_status(target: str, drafter: str | None, device: str, precision: str) -> ModelPair:
-    """`load_pair` with a spinner on stderr."""
+def load_with_status(
+    target: str, drafter: str | None, device: str, precision: str
+) -> tuple[ModelPair, LanguageModel | None]:
+    """`load_pair` with a spinner on stderr, and the drafter `drafter` names (None: no drafter)."""
+    from wmark.generator.drafters import build_drafter, drafter_model_source
     from wmark.generator.loading import load_pair
 
+    model = None if drafter is None else drafter_model_source(drafter, target)
     with err_console.status("loading models") as status:
-        return load_pair(
-            target, drafter, device=device, precision=precision, progress=lambda msg: status.update(msg)
+        pair = load_pair(
+            target, model, device=device, precision=precision, progress=lambda msg: status.update(msg)
         )
+    return pair, None if drafter is None else build_drafter(drafter, pair.target, pair.drafter)
 
 
 def run_generation(
     pair: ModelPair,
+    drafter: LanguageModel | None,
     prompt_ids: list[int],
     config: SamplerConfig,
     key: KeyMaterial | None,
@@ -59,7 +66,7 @@ def run_generation(
             prompt_ids,
             config=config,
             key=key,
-            drafter=pair.drafter,
+            drafter=drafter,
             seed=seed,
             decode=pair.decode,
             on_block=lambda n: progress.update(task, completed=n),
@@ -76,7 +83,7 @@ def generate_cmd(
     ] = True,
     key: Annotated[str | None, typer.Option(help="Key id (default: the only active key).")] = None,
     method: Annotated[str, typer.Option(help=f"Sampler: {', '.join(METHOD_NAMES)}.")] = "mpfr",
-    drafts: Annotated[int | None, typer.Option(help="B, drafts per block (mpfr; default 4).")] = None,
+    drafts: Annotated[int | None, typer.Option(help="B, drafts per block (mpfr; default 2).")] = None,
     lookahead: Annotated[int, typer.Option(help="L, draft depth per block.")] = 4,
     max_new_tokens: Annotated[int, typer.Option(help="Token budget (EOS counts).")] = 128,
     temperature: Annotated[float, typer.Option(help="Target temperature (> 0).")] = 1.0,
@@ -85,6 +92,10 @@ def generate_cmd(
     draft_temperature: Annotated[
         float | None, typer.Option(help="Drafter temperature (default: the target's).")
     ] = None,
+    draft_confidence: Annotated[
+        float,
+        typer.Option(help="Dynamic lookahead: end a draft branch below this drafter probability (0: off)."),
+    ] = DEFAULT_DRAFT_CONFIDENCE,
     diversity_bits: Annotated[
         float, typer.Option(help="Unkeyed prefix so equal prompts differ (bits; 0: off).")
     ] = 16.0,
@@ -92,9 +103,7 @@ def generate_cmd(
     target: Annotated[
         str, typer.Option(help="'embedded', a local model dir, or a cached HF model id.")
     ] = "embedded",
-    drafter: Annotated[
-        str, typer.Option(help="'embedded', a local model dir, or a cached HF model id.")
-    ] = "embedded",
+    drafter: Annotated[str, typer.Option(help=f"Drafter: {DRAFTER_HELP}")] = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     precision: Annotated[
         str, typer.Option(help="auto (int8 on CPU, bf16 on CUDA), int8, exact-fp32, fp32, bf16, fp16.")
@@ -132,6 +141,7 @@ def generate_cmd(
         drafts=drafts,
         max_new_tokens=max_new_tokens,
         diversity_bits=diversity_bits,
+        draft_confidence=draft_confidence,
         target_logits=LogitsConfig(temperature=temperature, top_k=top_k, top_p=top_p),
         draft_logits=LogitsConfig(temperature=draft_temperature or temperature, top_k=top_k, top_p=top_p),
     )
@@ -140,9 +150,9 @@ def generate_cmd(
     if spec.keyed:
         with open_registry() as registry:
             material = registry.generation_key(key)
-    pair = load_with_status(target, drafter if spec.speculative else None, device, precision)
+    pair, draft = load_with_status(target, drafter if spec.speculative else None, device, precision)
     result = run_generation(
-        pair, pair.encode_prompt(prompt, chat=chat), config, material, seed, quiet=as_json
+        pair, draft, pair.encode_prompt(prompt, chat=chat), config, material, seed, quiet=as_json
     )
     if as_json:
         print_json(result.to_dict())

@@ -1,8 +1,8 @@
 """Loading the models of an evaluation: one target and any number of drafters.
 
-A drafter is "embedded" (the embedded 0.5B drafter when the target is the embedded pair's), a
-local model folder or a cached HF model id, or "target": the target itself drafting (same
-weights, its own session), the drafter-substitution ablation's largest drafter at no extra
+A drafter is one of `--drafter`'s choices (`wmark.generator.drafters`: "ngram", "embedded",
+"auto", a local model folder or a cached HF model id), or "target": the target itself drafting
+(same weights, its own session), the drafter-substitution ablation's largest drafter at no extra
 memory. Every drafter must share the target's tokenizer (speculative decoding needs one
 vocabulary), as `load_pair` checks for its drafter.
 """
@@ -17,6 +17,7 @@ from wmark.errors import BackendError, InputError
 from wmark.eval.prompts import Prompt
 from wmark.eval.runner import EvalModels
 from wmark.generator.backend import LanguageModel
+from wmark.generator.drafters import build_drafter, drafter_model_source
 from wmark.generator.hf_backend import HFModel
 from wmark.generator.loading import ModelPair, load_pair
 
@@ -56,13 +57,14 @@ def load_models(
     Raises:
         BackendError: a model cannot be loaded or does not share the target's tokenizer.
     """
-    separate = [d for d in dict.fromkeys(drafters) if d != TARGET_AS_DRAFTER]
+    sources = {d: drafter_model_source(d, target) for d in drafters if d != TARGET_AS_DRAFTER}
+    separate = list(dict.fromkeys(src for src in sources.values() if src is not None))
     pair = load_pair(
         target, separate[0] if separate else None, device=device, precision=precision, progress=progress
     )
-    models: dict[str, LanguageModel] = {}
+    loaded: dict[str, LanguageModel] = {}
     if pair.drafter is not None:
-        models[separate[0]] = pair.drafter
+        loaded[separate[0]] = pair.drafter
     vocab = _vocab(pair.tokenizer_json)
     for name in separate[1:]:
         other = load_pair(name, None, device=device, precision=precision, progress=progress)
@@ -70,9 +72,10 @@ def load_models(
             raise BackendError(f"the drafter {name} does not share the target's tokenizer")
         if other.target.vocab_size > pair.target.vocab_size:
             raise BackendError(f"the drafter {name}'s vocabulary is larger than the target's")
-        models[name] = HFModel(
+        loaded[name] = HFModel(
             other.target.model, pair.target.eos_token_ids, name=name, tokenizer_sha256=pair.tokenizer_sha256
         )
+    models = {d: build_drafter(d, pair.target, loaded.get(src or "")) for d, src in sources.items()}
     if TARGET_AS_DRAFTER in drafters:
         models[TARGET_AS_DRAFTER] = pair.target  # sessions are independent: no second copy of the weights
     evaluation = EvalModels(

@@ -40,7 +40,8 @@ class Block:
 class BlockInputs:
     """Everything a block needs: sessions, committed text, clocks and settings.
 
-    `lookahead` is the tree depth L for this block (already capped by the remaining budget).
+    `lookahead` is the tree depth L for this block (already capped by the remaining budget);
+    a branch stops early where the drafter's probability of its token is below `draft_confidence`.
     """
 
     target: Session
@@ -53,3 +54,4 @@ class BlockInputs:
     eos: frozenset[int]
     lookahead: int = 1
     drafts: int = 1
+    draft_confidence: float = 0.0

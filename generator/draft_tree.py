@@ -66,7 +66,10 @@ drafter's distribution q after it. Tokens must be distinct."""
 def grow(inp: BlockInputs, tree: DraftTree[T], expand: Expand[T]) -> float:
     """Grow the tree to depth `lookahead`, one batched drafter forward per level; returns seconds.
 
-    Children that are EOS end their branch (nothing is drafted after them).
+    Children that are EOS end their branch (nothing is drafted after them), and so do children the
+    drafter gave less than `draft_confidence` (dynamic lookahead: an unlikely draft is rarely
+    accepted, so drafting after it mostly wastes drafter forwards and verify rows). A level is
+    only run while some branch is still open.
     """
     assert inp.drafter is not None
     seconds, fed = 0.0, 0
@@ -85,9 +88,11 @@ def grow(inp: BlockInputs, tree: DraftTree[T], expand: Expand[T]) -> float:
         seconds += time.perf_counter() - start
         next_level = []
         for ctx, q in zip(level, supports(logits, inp.draft_logits), strict=True):
+            if not q.ids.size:  # the drafter has nothing to propose here (prompt lookup found no match)
+                continue
             for token, data in expand(ctx, q):
                 child = tree.add(ctx, token, data)
-                if token not in inp.eos:
+                if token not in inp.eos and q.prob_of(token) >= inp.draft_confidence:
                     next_level.append(child)
         level = next_level
         if not level:

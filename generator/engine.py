@@ -31,7 +31,7 @@ from wmark.keymaterial import KeyMaterial
 
 __all__ = ["METHODS", "SamplerConfig", "check_key_binding", "generate", "request_nonce"]
 
-DEFAULT_DRAFTS = 4
+DEFAULT_DRAFTS = 2  # B: on CPU a B = 4 tree's verify costs more than its extra tokens (BENCHMARKS.md)
 MAX_DRAFTS = 64
 MAX_LOOKAHEAD = 32
 
@@ -70,11 +70,13 @@ class SamplerConfig:
     Attributes:
         method: one of `METHODS`.
         lookahead: L, draft depth per block.
-        drafts: B, drafts per block (multi-draft methods only; None: 4 for them, else 1).
+        drafts: B, drafts per block (multi-draft methods only; None: 2 for them, else 1).
         max_new_tokens: budget of generated tokens (EOS counts as one).
         target_logits / draft_logits: logits processing of each model (same top-k/top-p by
             default; the draft temperature may differ).
         diversity_bits: surprisal budget of the unkeyed prefix that lets equal prompts differ.
+        draft_confidence: dynamic lookahead: a draft branch ends at a token the drafter gave less
+            than this probability (0: always draft L levels). Block lengths only, never the text.
     """
 
     method: str = "mpfr"
@@ -84,6 +86,7 @@ class SamplerConfig:
     target_logits: LogitsConfig = field(default_factory=LogitsConfig)
     draft_logits: LogitsConfig = field(default_factory=LogitsConfig)
     diversity_bits: float = 16.0
+    draft_confidence: float = 0.0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -102,6 +105,8 @@ class SamplerConfig:
             raise InputError("max_new_tokens must be at least 1")
         if self.diversity_bits < 0:
             raise InputError("diversity_bits must be >= 0")
+        if not 0.0 <= self.draft_confidence < 1.0:
+            raise InputError("draft_confidence must be in [0, 1)")
 
 
 def request_nonce(seed: int | None) -> bytes:
@@ -205,6 +210,7 @@ def generate(
                 eos=eos,
                 lookahead=min(config.lookahead, remaining - 1),
                 drafts=config.drafts or 1,
+                draft_confidence=config.draft_confidence,
             )
         )
         draft_s += block.draft_seconds

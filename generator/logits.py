@@ -67,7 +67,7 @@ def supports(logits: torch.Tensor, config: LogitsConfig) -> list[Support]:
         config: the processing.
 
     Returns:
-        n supports, in row order.
+        n supports, in row order (an all -inf row gives an empty support).
     """
     x = logits.detach().to(torch.float32)
     vocab = x.shape[-1]
@@ -78,6 +78,9 @@ def supports(logits: torch.Tensor, config: LogitsConfig) -> list[Support]:
     ids_np = ids.cpu().numpy().astype(np.int64)
     out = []
     for row_ids, row_p in zip(ids_np, probs, strict=True):
+        if not np.isfinite(row_p).all():  # an all -inf row: a drafter with nothing to propose
+            out.append(Support(row_ids[:0], row_p[:0]))
+            continue
         if config.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(row_p), config.top_p) + 1)
             row_ids, row_p = row_ids[:keep], row_p[:keep] / row_p[:keep].sum()

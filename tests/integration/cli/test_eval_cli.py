@@ -165,6 +165,23 @@ def test_drafter_ablation_reports_text_drift(dirs, tmp_path):
     assert all(set(r["blocks"][:-1]) == {3} for r in target_drafted if r["method"] == "pfr")
 
 
+def test_model_free_drafters_in_the_ablation(dirs, tmp_path):
+    out = tmp_path / "ngram"
+    args = _args(dirs, out, "--methods", "pfr,mpfr", "--lookahead", "2", "--drafts", "2")
+    args += ["--drafter", f"{dirs['drafter']},ngram,auto"]  # auto: lookup alone (not the embedded target)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert {r["drafter"] for r in rows} == {str(dirs["drafter"]), "ngram", "auto"}
+    for r in rows:
+        if r["drafter"] in ("ngram", "auto"):
+            assert r["draft_forwards"] == 0
+    by_setting: dict[tuple[object, ...], set[tuple[int, ...]]] = {}
+    for r in rows:  # the same text under every drafter
+        by_setting.setdefault((r["method"], r["prompt_key"], r["seed"]), set()).add(tuple(r["token_ids"]))
+    assert all(len(texts) == 1 for texts in by_setting.values())
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [

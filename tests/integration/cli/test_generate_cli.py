@@ -36,7 +36,7 @@ def _generate(dirs: dict[str, Path], *extra: str, drafter: str = "drafter"):
         "--target",
         str(dirs["target"]),
         "--drafter",
-        str(dirs[drafter]),
+        str(dirs[drafter]) if drafter in dirs else drafter,
         "--precision",
         "exact-fp32",
         "--json",
@@ -72,6 +72,18 @@ def test_generate_json_and_detect_round_trip(dirs, tmp_path):
         ).stdout
     )
     assert nowm["key_id"] is None
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "auto"])  # auto: prompt lookup alone for a non-embedded target
+def test_model_free_drafters_emit_basic_uwm_text(dirs, drafter):
+    key_id = _key(dirs)
+    prompt = " ".join(f"w{i % 7}" for i in range(40))  # repetitive: lookup has matches to draft from
+    common = ("--key", key_id, "--raw", "--max-new-tokens", "60", "--seed", "4")
+    base = json.loads(_generate(dirs, *common, "--method", "basic-uwm", prompt).stdout)
+    result = _generate(dirs, *common, "--drafts", "2", "--draft-confidence", "0.2", prompt, drafter=drafter)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["token_ids"] == base["token_ids"] and out["draft_forwards"] == 0
 
 
 def test_prompt_file_and_chat_template_free_models(dirs, tmp_path):

@@ -1,0 +1,308 @@
+"""GPU readiness: wmark's generator on random-weight models with the embedded pair's shapes.
+
+    python bench/gpu_check.py                          # CUDA: Qwen2.5 1.5B / 0.5B shapes, bf16
+    python bench/gpu_check.py --device cpu --small     # the same checks on tiny models (tests run it)
+
+Needs only torch, transformers and numpy: run from a source checkout, it imports wmark from the
+tree when wmark is not installed. No weights are downloaded: the models are random (their output
+layer sharpened so that their entropy is like a language model's), which is all a check of the
+arithmetic and a measurement of forward costs need. It reports:
+
+1. PRF: the torch port of the clocks' uniforms on the device against the numpy reference
+   (bit for bit).
+2. Tree attention: one forward over a draft tree (B branches of L tokens) against each branch
+   decoded as a plain chain, both against the CPU float32 reference (max |logit difference|).
+3. Drafter invariance: basic-uwm, pfr and mpfr on the same key and seed must emit the same
+   tokens; with stock GPU kernels (not batch-invariant) a near-tie can flip, so it reports the
+   share of identical answers and the first differing position.
+4. The cost model: c(B), a drafter level over B rows, and r(B, L), a verify forward over a tree
+   of B x L nodes, in units of a one-token target forward, for B, L = 1..8, and the predicted
+   speedup over basic-uwm, AATPS / (L c + r), with AATPS from a per-draft acceptance rate
+   `--alpha` (B drafts accept a level with probability 1 - (1 - alpha)^B, an upper bound).
+Exit status 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+_PACKAGES = {
+    "wmark": "core",
+    "wmark.generator": "generator",
+    "wmark.generator.baselines": "generator/baselines",
+}
+
+
+def _import_wmark_from_tree() -> None:
+    """Make `import wmark.generator...` work from the checkout when wmark is not installed."""
+    if importlib.util.find_spec("wmark") is not None:
+        return
+    for name, folder in _PACKAGES.items():
+        spec = importlib.util.spec_from_file_location(
+            name, ROOT / folder / "__init__.py", submodule_search_locations=[str(ROOT / folder)]
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+
+
+_import_wmark_from_tree()
+
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec  # noqa: E402
+from wmark.generator.engine import SamplerConfig, generate  # noqa: E402
+from wmark.generator.hf_backend import HFModel, prepare_model  # noqa: E402
+from wmark.generator.prf_torch import seed_uniforms_torch, seed_words  # noqa: E402
+from wmark.prf import seed_uniforms  # noqa: E402
+
+# Qwen2.5(-Coder)-1.5B-Instruct and -0.5B-Instruct, the embedded pair (their config.json shapes).
+QWEN_SHAPES: dict[str, dict[str, Any]] = {
+    "target": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+    },
+    "drafter": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+    },
+}
+QWEN_COMMON: dict[str, Any] = {
+    "vocab_size": 151936,
+    "num_key_value_heads": 2,
+    "rope_theta": 1e6,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 32768,
+}
+SMALL_SHAPES: dict[str, dict[str, Any]] = {
+    "target": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4},
+    "drafter": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
+}
+SMALL_COMMON: dict[str, Any] = {"vocab_size": 512, "num_key_value_heads": 2, "max_position_embeddings": 2048}
+EOS = 0
+SHARPEN = 6.0  # output-layer scale: random models' near-uniform outputs get language-like entropy
+
+
+def build(role: str, small: bool, device: str, dtype: torch.dtype, seed: int) -> Qwen2ForCausalLM:
+    """A random-weight Qwen2 model with the role's shapes, on `device` in `dtype`."""
+    shapes, common = (SMALL_SHAPES, SMALL_COMMON) if small else (QWEN_SHAPES, QWEN_COMMON)
+    config = Qwen2Config(**shapes[role], **common, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(dtype).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(SHARPEN * (64 / config.hidden_size) ** 0.5)
+    return model
+
+
+def check_prf(device: str) -> bool:
+    rng = np.random.default_rng(0)
+    ok = True
+    for trial in range(4):
+        seed = hashlib.sha256(b"gpu-check %d" % trial).digest()
+        ids = rng.integers(0, 151936, size=4096)
+        want = seed_uniforms(seed, ids[:, None], np.arange(1, 4)[None])
+        got = (
+            seed_uniforms_torch(
+                seed_words(seed, device)[None, None],
+                torch.as_tensor(ids, device=device)[:, None],
+                torch.arange(1, 4, device=device)[None],
+            )
+            .cpu()
+            .numpy()
+        )
+        ok &= bool(np.array_equal(want, got))
+    print(
+        f"PRF: torch on {device} vs numpy reference, 4 x 4096 x 3 uniforms: {'identical' if ok else 'DIFFER'}"
+    )
+    return ok
+
+
+def _tree(branches: int, depth: int, rng: np.random.Generator, vocab: int) -> tuple[list[int], list[int]]:
+    """B disjoint chains of L tokens under the root: (parents, tokens) in session order."""
+    parents, tokens = [], []
+    for _ in range(branches):
+        for level in range(depth):
+            parents.append(-1 if level == 0 else len(parents) - 1)
+            tokens.append(int(rng.integers(1, vocab)))
+    return parents, tokens
+
+
+def check_tree(target: Qwen2ForCausalLM, reference: HFModel, device_model: HFModel, vocab: int) -> bool:
+    """Tree logits vs each branch decoded as a chain, both vs the CPU float32 reference."""
+    rng = np.random.default_rng(1)
+    prompt = [int(t) for t in rng.integers(1, vocab, size=48)]
+    parents, tokens = _tree(4, 4, rng, vocab)
+    _, tree_rows = device_model.session(prompt).extend(parents, tokens)
+    _, ref_rows = reference.session(prompt).extend(parents, tokens)
+    chain_rows = []
+    for b in range(4):
+        chain = tokens[4 * b : 4 * b + 4]
+        _, rows = device_model.session(prompt).extend([-1, 0, 1, 2], chain)
+        chain_rows.append(rows)
+    chains = torch.cat(chain_rows).float().cpu()
+    tree_err = float((tree_rows.float().cpu() - ref_rows).abs().max())
+    chain_err = float((chains - ref_rows).abs().max())
+    scale = float(ref_rows.abs().max())
+    ok = tree_err <= 2 * chain_err + 1e-3 * scale  # a wrong mask or position errs by O(scale)
+    print(
+        f"tree attention (B=4 x L=4 after a 48-token prompt), max |logit - CPU fp32 reference| "
+        f"(logits up to {scale:.1f}): tree {tree_err:.2e}, chains {chain_err:.2e}: {'ok' if ok else 'FAIL'}"
+    )
+    del target
+    return ok
+
+
+def check_invariance(target: HFModel, drafter: HFModel, vocab: int, tokens: int) -> tuple[int, int]:
+    spec = WatermarkSpec(tokenizer=TokenizerRef(name="random", sha256="3" * 64, vocab_size=vocab))
+    key = KeyMaterial(key_id="wk_gpu", secret=Secret(hashlib.sha256(b"gpu key").digest()), spec=spec)
+    same = total = 0
+    rng = np.random.default_rng(2)
+    for prompt_no in range(2):
+        prompt = [int(t) for t in rng.integers(1, vocab, size=32)]
+        runs = {}
+        for name, method, drafts, model in (
+            ("basic-uwm", "basic-uwm", 1, None),
+            ("pfr L=4 (drafter)", "pfr", 1, drafter),
+            ("mpfr B=4 L=4 (drafter)", "mpfr", 4, drafter),
+            ("mpfr B=4 L=4 (target drafts)", "mpfr", 4, target),
+        ):
+            config = SamplerConfig(method=method, drafts=drafts, lookahead=4, max_new_tokens=tokens)
+            runs[name] = generate(target, prompt, config=config, key=key, drafter=model, seed=prompt_no)
+        base = runs["basic-uwm"].token_ids
+        for name, out in runs.items():
+            if name == "basic-uwm":
+                continue
+            total += 1
+            differ = next(
+                (i for i, (a, b) in enumerate(zip(out.token_ids, base, strict=False)) if a != b), None
+            )
+            same += differ is None
+            where = "identical" if differ is None else f"first differs at token {differ}"
+            print(f"  prompt {prompt_no} {name}: AATPS {out.aatps:.2f}, {where}")
+    print(f"drafter invariance: {same}/{total} answers identical to basic-uwm")
+    return same, total
+
+
+def _timed(fn: Any, device: str, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cost_model(target: HFModel, drafter: HFModel, vocab: int, device: str, reps: int, alpha: float) -> None:
+    rng = np.random.default_rng(3)
+    prompt = [int(t) for t in rng.integers(1, vocab, size=256)]
+    t_sess, d_sess = target.session(prompt), drafter.session(prompt)
+    t_sess.extend([], [])
+    d_sess.extend([], [])
+
+    def one(session: Any, parents: list[int], tokens: list[int]) -> None:
+        session.accept([], [int(rng.integers(1, vocab))])  # one committed token, as after a block
+        session.extend(parents, tokens)
+
+    base = _timed(lambda: one(t_sess, [], []), device, reps)
+    c = {b: _timed(lambda b=b: one(d_sess, [-1] * b, [1] * b), device, reps) / base for b in range(1, 9)}
+    r = {}
+    for b in range(1, 9):
+        for ell in range(1, 9):
+            parents, tokens = _tree(b, ell, rng, vocab)
+            r[b, ell] = _timed(lambda p=parents, t=tokens: one(t_sess, p, t), device, reps) / base
+    print(f"\none-token target forward: {base * 1e3:.2f} ms; drafter level c(B) in those units:")
+    print("| B | " + " | ".join(str(b) for b in range(1, 9)) + " |")
+    print("|---|" + "---:|" * 8)
+    print("| c | " + " | ".join(f"{c[b]:.3f}" for b in range(1, 9)) + " |")
+    print("\nverify forward r(B, L) (tree of B x L nodes), same units:")
+    print("| B \\ L | " + " | ".join(str(ell) for ell in range(1, 9)) + " |")
+    print("|---|" + "---:|" * 8)
+    for b in range(1, 9):
+        print(f"| {b} | " + " | ".join(f"{r[b, ell]:.2f}" for ell in range(1, 9)) + " |")
+    print(f"\npredicted speedup over basic-uwm, AATPS / (L c + r), per-draft acceptance alpha = {alpha}:")
+    print("| B \\ L | " + " | ".join(str(ell) for ell in range(1, 9)) + " |")
+    print("|---|" + "---:|" * 8)
+    best = (0.0, 0, 0)
+    for b in range(1, 9):
+        level = 1 - (1 - alpha) ** b
+        cells = []
+        for ell in range(1, 9):
+            aatps = sum(level**k for k in range(ell + 1))
+            speedup = aatps / (ell * c[b] + r[b, ell])
+            best = max(best, (speedup, b, ell))
+            cells.append(f"{speedup:.2f}")
+        print(f"| {b} | " + " | ".join(cells) + " |")
+    print(f"best: {best[0]:.2f}x at B = {best[1]}, L = {best[2]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--small", action="store_true", help="tiny configs (a CPU check in seconds)")
+    parser.add_argument(
+        "--precision",
+        default=None,
+        choices=["bf16", "fp16", "fp32", "exact-fp32"],
+        help="default: bf16 on cuda, exact-fp32 (batch-invariant) on cpu",
+    )
+    parser.add_argument("--tokens", type=int, default=48, help="tokens per answer in the invariance check")
+    parser.add_argument("--reps", type=int, default=5, help="timing repetitions (median)")
+    parser.add_argument("--alpha", type=float, default=0.62, help="per-draft acceptance for the prediction")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU threads (--device cpu; 1 resists a busy machine)"
+    )
+    args = parser.parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu", file=sys.stderr)
+        return 2
+    precision = args.precision or ("bf16" if args.device == "cuda" else "exact-fp32")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    start = time.perf_counter()
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(
+        f"device {args.device} ({name}), {precision}, "
+        f"{'tiny' if args.small else 'Qwen2.5 1.5B / 0.5B'} shapes"
+    )
+    eos = frozenset({EOS})
+    vocab = (SMALL_COMMON if args.small else QWEN_COMMON)["vocab_size"]
+    target_raw = build("target", args.small, args.device, dtype, seed=0)
+    drafter_raw = build("drafter", args.small, args.device, dtype, seed=1)
+    target = HFModel(prepare_model(target_raw, precision, args.device), eos, name="target")
+    drafter = HFModel(prepare_model(drafter_raw, precision, args.device), eos, name="drafter")
+    print(f"models built in {time.perf_counter() - start:.1f} s")
+    ok = check_prf(args.device)
+    reference_model = build("target", args.small, "cpu", torch.float32, seed=0)
+    reference = HFModel(prepare_model(reference_model, "fp32", "cpu"), eos, name="reference")
+    ok &= check_tree(target_raw, reference, target, vocab)
+    del reference, reference_model
+    check_invariance(target, drafter, vocab, args.tokens)
+    cost_model(target, drafter, vocab, args.device, args.reps, args.alpha)
+    print(f"\n{'all checks passed' if ok else 'A CHECK FAILED'} in {time.perf_counter() - start:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""`--drafter ngram|embedded|auto|PATH`: which drafter proposes, and which model that needs loaded.
+
+- `ngram`: prompt lookup alone (`wmark.generator.prompt_lookup`): no model, no drafter forward.
+- `embedded`: the embedded 0.5B drafter, its output layer cut to the common tokens
+  (`wmark.generator.draft_head`).
+- `auto` (default): prompt lookup where the text repeats, the embedded drafter elsewhere
+  (`wmark.generator.hybrid_drafter`); with a target other than the embedded one, prompt lookup.
+- a model folder or cached HF id: that model as it is.
+
+Every choice leaves the text unchanged (the target's race winners); it moves speed only.
+"""
+
+from __future__ import annotations
+
+from wmark.generator.backend import LanguageModel
+from wmark.generator.draft_head import TruncatedHead, truncate_head
+from wmark.generator.hf_backend import HFModel
+from wmark.generator.hybrid_drafter import HybridDrafter
+from wmark.generator.names import AUTO, EMBEDDED, NGRAM
+from wmark.generator.prompt_lookup import PromptLookup
+
+__all__ = ["build_drafter", "drafter_model_source"]
+
+
+def drafter_model_source(drafter: str, target: str) -> str | None:
+    """The draft model to load for `drafter` with `target` (None: the drafter needs no model)."""
+    if drafter == NGRAM:
+        return None
+    if drafter == AUTO:
+        return EMBEDDED if target == EMBEDDED else None
+    return drafter
+
+
+def build_drafter(drafter: str, target: LanguageModel, model: LanguageModel | None) -> LanguageModel:
+    """The drafter named `drafter`, given the target and the model `drafter_model_source` loaded."""
+    if model is None:
+        if drafter not in (NGRAM, AUTO):
+            raise ValueError(f"the drafter {drafter} needs its model loaded")
+        return PromptLookup(target.vocab_size, target.eos_token_ids, tokenizer_sha256=target.tokenizer_sha256)
+    cut = isinstance(model, HFModel) and isinstance(model.model.get_output_embeddings(), TruncatedHead)
+    if drafter in (EMBEDDED, AUTO) and isinstance(model, HFModel) and not cut:
+        truncate_head(model)
+    return HybridDrafter(model) if drafter == AUTO else model

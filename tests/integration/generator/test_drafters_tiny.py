@@ -1,0 +1,152 @@
+"""The cheap drafters on tiny random transformers: prompt lookup, the hybrid, the truncated output
+layer and dynamic lookahead all leave the text exactly basic-uwm's (drafter invariance), and
+each does draft (a drafter that never proposed would pass invariance trivially)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import numpy as np
+import pytest
+
+from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
+from wmark.generator.draft_head import TruncatedHead, truncate_head
+from wmark.generator.drafters import build_drafter, drafter_model_source
+from wmark.generator.engine import SamplerConfig, generate
+from wmark.generator.fakes import FakeLM
+from wmark.generator.hf_backend import HFModel, prepare_model
+from wmark.generator.hybrid_drafter import HybridDrafter
+from wmark.generator.prompt_lookup import PromptLookup
+
+VOCAB = 256  # the tiny models of conftest.py
+EOS = 0
+SPEC = WatermarkSpec(tokenizer=TokenizerRef(name="tiny", sha256="1" * 64, vocab_size=VOCAB))
+KEY = KeyMaterial(key_id="wk_tiny", secret=Secret(hashlib.sha256(b"tiny key").digest()), spec=SPEC)
+# A prompt that repeats itself, as a text to summarise or code to edit does: lookup finds matches.
+PROMPT = [17, 42, 99, 3, 250, 7, 128, 64, 5, 17, 42, 99, 3, 250, 9, 31, 17, 42]
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def models(tiny_trio) -> dict[str, HFModel]:
+    return tiny_trio()
+
+
+@pytest.fixture(scope="module")
+def truncated(tiny_trio) -> HFModel:
+    """The close drafter with its output layer cut to IDs < 128 (plus EOS)."""
+    return truncate_head(tiny_trio()["close"], keep=128)
+
+
+def _run(target, drafter, method="mpfr", drafts=4, lookahead=4, confidence=0.0, max_new=MAX_NEW):
+    config = SamplerConfig(
+        method=method,
+        drafts=drafts,
+        lookahead=lookahead,
+        max_new_tokens=max_new,
+        draft_confidence=confidence,
+    )
+    return generate(target, PROMPT, config=config, key=KEY, drafter=drafter, seed=5)
+
+
+def _drafters(models, truncated):
+    return {
+        "ngram": PromptLookup(VOCAB, frozenset({EOS})),
+        "ngram-1": PromptLookup(VOCAB, frozenset({EOS}), min_match=1),
+        "hybrid-close": HybridDrafter(models["close"]),
+        "hybrid-unrelated": HybridDrafter(models["unrelated"]),
+        "truncated-close": truncated,
+        "hybrid-truncated": HybridDrafter(truncated),
+    }
+
+
+SETTINGS = [
+    ("pfr", 1, 4, 0.0),
+    ("mpfr", 2, 3, 0.0),
+    ("mpfr", 4, 4, 0.0),
+    ("mpfr", 4, 6, 0.3),
+    ("pfr", 1, 8, 0.5),
+]
+
+
+@pytest.mark.parametrize(
+    "method,drafts,lookahead,confidence", SETTINGS, ids=[f"{m}-B{b}-L{ell}-c{c}" for m, b, ell, c in SETTINGS]
+)
+def test_every_new_drafter_emits_basic_uwm_tokens(models, truncated, method, drafts, lookahead, confidence):
+    reference = _run(models["target"], None, method="basic-uwm", drafts=None)
+    boundaries = {reference.blocks}
+    for name, drafter in _drafters(models, truncated).items():
+        out = _run(models["target"], drafter, method, drafts, lookahead, confidence)
+        assert out.token_ids == reference.token_ids, name
+        assert out.masked_positions == reference.masked_positions, name
+        assert out.target_forwards == len(out.blocks), name  # still one target forward per block
+        assert out.draft_forwards <= lookahead * len(out.blocks), name
+        assert sum(out.drafted) > 0, name  # it proposed something
+        boundaries.add(out.blocks)
+    assert len(boundaries) > 2  # the drafters really differ in where blocks end
+
+
+def test_prompt_lookup_costs_no_forward_and_the_hybrid_fewer():
+    # A low-entropy Markov LM repeats itself, as summaries and code do: lookup has matches to accept.
+    rng = np.random.default_rng(0)
+    target = FakeLM.markov(rng.dirichlet(np.full(12, 0.15), size=12))
+    model = FakeLM.markov(rng.dirichlet(np.full(12, 0.15), size=12))
+    spec = WatermarkSpec(tokenizer=TokenizerRef(name="fake", sha256="2" * 64, vocab_size=12))
+    key = KeyMaterial(key_id="k", secret=Secret(b"m" * 32), spec=spec)
+    config = SamplerConfig(method="mpfr", drafts=2, lookahead=4, max_new_tokens=120)
+
+    def run(drafter):
+        return generate(target, [1, 2, 3, 4, 5, 6], config=config, key=key, drafter=drafter, seed=3)
+
+    lookup, model_only, hybrid = (
+        run(PromptLookup(12, frozenset(), min_match=1)),
+        run(model),
+        run(HybridDrafter(model)),
+    )
+    assert lookup.token_ids == model_only.token_ids == hybrid.token_ids
+    assert lookup.draft_forwards == 0 and lookup.aatps > 1.5
+    assert 0 < hybrid.draft_forwards < model_only.draft_forwards  # lookup drafted some levels for free
+
+
+def test_dynamic_lookahead_cuts_drafter_forwards(models):
+    full = _run(models["target"], models["unrelated"], "pfr", 1, 6)
+    dynamic = _run(models["target"], models["unrelated"], "pfr", 1, 6, confidence=0.5)
+    assert dynamic.token_ids == full.token_ids
+    assert dynamic.draft_forwards < full.draft_forwards
+    assert sum(dynamic.drafted) < sum(full.drafted)
+
+
+def test_truncated_head_never_proposes_a_dropped_token(tiny_trio):
+    base = tiny_trio()["close"]
+    cut = truncate_head(copy.deepcopy(base), keep=100, always=[200])
+    full_root, _ = base.session(PROMPT).extend([], [])
+    cut_root, _ = cut.session(PROMPT).extend([], [])
+    kept = [*range(100), 200, EOS]
+    assert bool((cut_root[kept] == full_root[kept]).all())  # same logits on the kept tokens
+    dropped = sorted(set(range(VOCAB)) - set(kept))
+    assert bool(cut_root[dropped].isneginf().all())
+
+
+def test_truncated_head_on_the_int8_path(tiny_qwen):
+    model = HFModel(prepare_model(tiny_qwen(2), "int8", "cpu"), frozenset({EOS}))
+    full_root, _ = model.session(PROMPT).extend([], [])
+    truncate_head(model, keep=64)
+    assert isinstance(model.model.get_output_embeddings(), TruncatedHead)
+    cut_root, _ = model.session(PROMPT).extend([], [])
+    assert bool((cut_root[:64] == full_root[:64]).all())  # the int8 rows are the same rows
+    assert bool(cut_root[64:].isneginf().all())
+
+
+def test_drafter_names_resolve_to_what_they_say(models):
+    assert drafter_model_source("ngram", "embedded") is None
+    assert drafter_model_source("auto", "embedded") == "embedded"
+    assert drafter_model_source("auto", "/some/model") is None  # no known drafter for another target
+    assert drafter_model_source("/some/drafter", "embedded") == "/some/drafter"
+    target = models["target"]
+    assert isinstance(build_drafter("ngram", target, None), PromptLookup)
+    assert isinstance(build_drafter("auto", target, None), PromptLookup)
+    assert isinstance(build_drafter("auto", target, copy.deepcopy(models["close"])), HybridDrafter)
+    assert build_drafter("/some/drafter", target, models["close"]) is models["close"]  # used as it is
+    with pytest.raises(ValueError):
+        build_drafter("embedded", target, None)

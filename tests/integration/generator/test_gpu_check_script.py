@@ -1,0 +1,39 @@
+"""bench/gpu_check.py runs end to end on CPU with tiny models (the GPU run uses the same code paths)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
+
+
+def test_gpu_check_passes_on_cpu_with_tiny_models():
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--small", "--reps", "1", "--tokens", "24"],
+        capture_output=True,
+        text=True,
+        timeout=300,  # ~10 s of work; the bound only keeps a hung run from stalling the suite
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "PRF: torch on cpu vs numpy reference, 4 x 4096 x 3 uniforms: identical" in out
+    assert ": ok" in out  # tree attention agrees with the CPU reference
+    assert "drafter invariance: 6/6 answers identical to basic-uwm" in out  # exact-fp32: batch-invariant
+    assert out.count("\n| 8 | ") == 2  # r(B, L) and the predicted speedup both reach B = 8
+    assert "all checks passed" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_gpu_check_refuses_cuda_without_a_device():
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300, env=dict(os.environ)
+    )
+    assert done.returncode == 2 and "no CUDA device" in done.stderr
