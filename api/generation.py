@@ -24,6 +24,8 @@ from wmark.api.errors import RateLimited
 from wmark.api.generate_settings import GenerationSettings
 from wmark.api.metrics import Metrics
 from wmark.errors import WmarkError
+from wmark.generator.backend import LanguageModel
+from wmark.generator.drafters import build_drafter, drafter_model_source
 from wmark.generator.engine import METHODS, SamplerConfig, check_key_binding, generate
 from wmark.generator.loading import ModelPair, load_pair
 from wmark.generator.logits import LogitsConfig
@@ -126,10 +128,16 @@ class Generation:
     """
 
     def __init__(
-        self, settings: GenerationSettings, pair: ModelPair, registry: KeyRegistry, metrics: Metrics
+        self,
+        settings: GenerationSettings,
+        pair: ModelPair,
+        registry: KeyRegistry,
+        metrics: Metrics,
+        drafter: LanguageModel | None = None,
     ) -> None:
         self.settings = settings
         self.pair = pair
+        self.drafter = drafter  # what `settings.drafter` names (n-gram lookup needs no model)
         self.registry = registry
         self.metrics = metrics
         self.current: Job | None = None  # the job generating now (tests watch it)
@@ -153,14 +161,16 @@ class Generation:
         speculative = METHODS[settings.method].speculative
         if speculative and settings.drafter is None:
             raise WmarkError(f"method {settings.method} needs a drafter (--drafter)")
+        name = settings.drafter if speculative else None
         pair = load_pair(
             settings.target,
-            settings.drafter if speculative else None,
+            None if name is None else drafter_model_source(name, settings.target),
             device=settings.device,
             precision=settings.precision,
         )
         check_key_binding(registry.generation_key(settings.key_id), pair.target)  # fail at start-up
-        return cls(settings, pair, registry, metrics)
+        drafter = None if name is None else build_drafter(name, pair.target, pair.drafter)
+        return cls(settings, pair, registry, metrics, drafter)
 
     def key(self) -> KeyMaterial:
         """The key to generate with now (follows a rotation of the only active key)."""
@@ -223,7 +233,7 @@ class Generation:
                 job.prompt_ids,
                 config=job.config,
                 key=job.key,
-                drafter=self.pair.drafter,
+                drafter=self.drafter,
                 seed=job.seed,
                 decode=self.pair.decode,
                 on_emit=lambda ids: job.send(Tokens(tuple(ids))),

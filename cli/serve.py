@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from wmark.cli.common import console
-from wmark.generator.names import METHOD_NAMES
+from wmark.generator.names import AUTO, DRAFTER_HELP, METHOD_NAMES
 from wmark.keys import KeyRegistry, RegistryConfig
 from wmark.keys.db import head_revision
 
@@ -77,7 +77,7 @@ def serve(
     target: Annotated[
         str, typer.Option(help="--generate: 'embedded', a local model dir, or a cached HF model id.")
     ] = "embedded",
-    drafter: Annotated[str, typer.Option(help="--generate: the drafter, as --target.")] = "embedded",
+    drafter: Annotated[str, typer.Option(help=f"--generate: the drafter: {DRAFTER_HELP}")] = AUTO,
     method: Annotated[str, typer.Option(help=f"--generate: sampler ({', '.join(METHOD_NAMES)}).")] = "mpfr",
     key: Annotated[
         str | None, typer.Option(help="--generate: watermark key id (default: the only active key).")

@@ -227,6 +227,17 @@ def _error(exc: openai.APIStatusError) -> dict:
     return body["error"]
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "auto"])
+def test_a_model_free_drafter_serves_the_same_text(dirs, drafter):
+    """`--drafter ngram|auto` work in the service too, and change nothing in the text."""
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40, "seed": 5}
+    with served(dirs) as srv:  # the tiny model drafter
+        key_id, expected = srv.key_id, srv.client().chat.completions.create(**ask).choices[0].message.content
+    with served(dirs, drafter=drafter, key_id=key_id) as srv:  # the same key in the same registry
+        assert srv.client().chat.completions.create(**ask).choices[0].message.content == expected
+    assert expected
+
+
 def test_bad_input_gets_openai_errors_the_client_raises(dirs):
     with served(dirs, max_tokens=50, max_prompt_tokens=20) as srv:
         client = srv.client()
