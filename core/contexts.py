@@ -6,6 +6,10 @@ generated text begins, 0 when the detector sees only the answer). A candidate is
 when no earlier candidate had the same window (dedup v1); otherwise it is *masked*. The
 generator keys exactly the scored positions (`ContextTracker`), the detector recomputes the
 same set from the final text (`scored_positions`), and tests prove the two agree.
+
+Prefix mode (the paper's labels, `PrefixTracker` / `prefix_positions`): a position's label is
+every token before it, prompt included. Two positions never share a label (their prefixes
+differ in length), so every position from `start` on is scored and none is masked.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ import numpy.typing as npt
 
 from wmark.prf import first_occurrence
 
-__all__ = ["ContextTracker", "ScoredPositions", "scored_positions", "window_matrix"]
+__all__ = [
+    "ContextTracker",
+    "PrefixTracker",
+    "ScoredPositions",
+    "prefix_positions",
+    "scored_positions",
+    "window_matrix",
+]
 
 
 def window_matrix(token_ids: npt.NDArray[np.uint32], h: int) -> npt.NDArray[np.uint32]:
@@ -67,6 +78,11 @@ def scored_positions(token_ids: npt.NDArray[np.uint32], h: int, start: int = 0) 
     return ScoredPositions(candidates[keep], np.ascontiguousarray(windows[keep]), candidates[~keep])
 
 
+def prefix_positions(n: int, start: int) -> npt.NDArray[np.int64]:
+    """Scored positions of an n-token sequence under prefix labels: start..n-1, all of them."""
+    return np.arange(start, max(n, start), dtype=np.int64)
+
+
 class ContextTracker:
     """The generator's incremental view of `scored_positions` over a growing sequence.
 
@@ -75,6 +91,8 @@ class ContextTracker:
     records an emitted position. `fork` copies the state for a speculative branch so that a
     rejected draft never leaks into the committed set.
     """
+
+    repeats = True  # two positions may share a label: speculative paths must track theirs
 
     def __init__(self, h: int, start: int) -> None:
         self.h = h
@@ -106,3 +124,31 @@ class ContextTracker:
         twin = ContextTracker(self.h, self.start)
         twin._seen = set(self._seen)
         return twin
+
+
+class PrefixTracker:
+    """`ContextTracker`'s interface for prefix labels: every position from `start` on is keyed.
+
+    The label of the position after `prefix` is the whole prefix (prompt included), so labels
+    never repeat and nothing needs remembering; `prefix_positions` is the detector's side.
+    """
+
+    repeats = False
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+
+    def window(self, prefix: Sequence[int]) -> tuple[int, ...]:
+        """The label of the next position: every token before it."""
+        return tuple(prefix)
+
+    def is_candidate(self, position: int) -> bool:
+        """Whether position `position` lies in the scored range."""
+        return position >= self.start
+
+    def label(self, prefix: Sequence[int]) -> tuple[int, ...] | None:
+        """The next position's label, or None before `start` (those are never generated)."""
+        return self.window(prefix) if self.is_candidate(len(prefix)) else None
+
+    def commit(self, prefix: Sequence[int]) -> None:
+        """Nothing to record: a prefix label cannot occur twice."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from wmark.contexts import scored_positions
+from wmark.contexts import prefix_positions, scored_positions
 from wmark.detector.result import Detection, KeyResult, TokenEvidence, Verdict
 from wmark.detector.tokenize import TextTokenizer
 from wmark.errors import InputError, InsufficientTextError, TokenizerError
@@ -69,7 +69,7 @@ def key_pivots(
     """
     spec = source.spec
     if spec.context_mode == "prefix":
-        positions = np.arange(start, len(token_ids), dtype=np.int64)
+        positions = prefix_positions(len(token_ids), start)
         pivots = source.prefix_pivots(token_ids.tolist(), start)
     else:
         sp = scored_positions(token_ids, spec.context_width, start)

@@ -13,6 +13,10 @@ The clock is keyed (the watermark) unless the position must not carry the key:
   noise, not bias, and cost their number in effective scored tokens (BENCHMARKS.md);
 - every position of `pfr-nowm`, the unwatermarked control.
 
+A prefix-mode key (the paper's labels) keys every position after the prompt with the whole
+prefix, prompt included (`PrefixTracker`): nothing is masked, the diversity prefix works as
+above, and the detector needs the prompt's token IDs in front of the answer.
+
 Unkeyed clocks come from the request's nonce (`FreeSource`): shared by drafter and target at
 the same context, so speculation stays exact, and reproducible from `--seed`.
 """
@@ -27,7 +31,7 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
-from wmark.contexts import ContextTracker
+from wmark.contexts import ContextTracker, PrefixTracker
 from wmark.keymaterial import KeyMaterial
 from wmark.prf import FreeSource, KeyedSource, seed_uniforms
 
@@ -83,12 +87,14 @@ class ClockPolicy:
         spec_version: int = 1,
     ) -> None:
         self.keyed = KeyedSource(key.secret, key.spec) if key is not None else None
-        if key is not None and key.spec.context_mode != "window":
-            raise ValueError("the generator writes window-mode specs only")
-        h = key.spec.context_width if key is not None else context_width
+        self.h = key.spec.context_width if key is not None else context_width
         version = key.spec.spec_version if key is not None else spec_version
         self.free = FreeSource(nonce, version)
-        self.tracker = ContextTracker(h, prompt_len)
+        self.tracker: ContextTracker | PrefixTracker = (
+            PrefixTracker(prompt_len)
+            if key is not None and key.spec.context_mode == "prefix"
+            else ContextTracker(self.h, prompt_len)
+        )
         self.diversity_bits = diversity_bits
         self.diversity_spent = 0.0
 
@@ -104,11 +110,11 @@ class ClockPolicy:
 
     def seed(self, prefix: Sequence[int], kind: ClockKind) -> bytes:
         """The clock seed of the position right after `prefix`."""
-        window = self.tracker.window(prefix)
         if kind is ClockKind.KEYED:
             assert self.keyed is not None
-            return self.keyed.seed(window)
-        return self.free.seed(len(prefix), window)
+            return self.keyed.seed(self.tracker.window(prefix))
+        # The unkeyed source is labelled by (position, last h IDs) in both context modes.
+        return self.free.seed(len(prefix), tuple(prefix[-self.h :]))
 
     @staticmethod
     def uniforms(seed: bytes, ids: npt.NDArray[np.int64], arrivals: int = 1) -> npt.NDArray[np.float64]:
@@ -120,7 +126,7 @@ class ClockPolicy:
     ) -> PathState:
         """The path state after emitting a token at the position right after `prefix`."""
         windows = path.windows
-        if self.tracker.is_candidate(len(prefix)):
+        if self.tracker.repeats and self.tracker.is_candidate(len(prefix)):
             windows = windows | {self.tracker.window(prefix)}
         spent = path.diversity_spent + (surprisal_bits if kind in _UNKEYED_DRAWS else 0.0)
         return PathState(windows, spent)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wmark.contexts import ContextTracker, scored_positions, window_matrix
+from wmark.contexts import ContextTracker, PrefixTracker, prefix_positions, scored_positions, window_matrix
 
 
 def _tracker_masks(ids: list[int], h: int, start: int) -> tuple[list[int], list[int]]:
@@ -55,3 +55,19 @@ def test_fork_does_not_leak_into_parent():
 def test_short_sequences_have_no_windows():
     assert window_matrix(np.array([1, 2], dtype=np.uint32), 4).shape == (0, 4)
     assert scored_positions(np.array([1, 2, 3, 4], dtype=np.uint32), 4).positions.size == 0
+
+
+@pytest.mark.parametrize("start", [0, 3, 9])
+def test_prefix_tracker_keys_every_position_the_detector_scores(start):
+    rng = np.random.default_rng(start)
+    ids = rng.integers(0, 3, size=40).tolist()  # repeated windows: masked in window mode, not here
+    tracker = PrefixTracker(start)
+    keyed = []
+    for t in range(len(ids)):
+        label = tracker.label(ids[:t])
+        if label is not None:
+            assert label == tuple(ids[:t])  # the whole prefix, prompt included
+            keyed.append(t)
+        tracker.commit(ids[:t])
+    assert keyed == prefix_positions(len(ids), start).tolist() == list(range(start, len(ids)))
+    assert prefix_positions(2, 5).size == 0

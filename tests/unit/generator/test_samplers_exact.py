@@ -19,16 +19,17 @@ from wmark.generator.fakes import FakeLM
 P = np.array([0.34, 0.22, 0.16, 0.12, 0.09, 0.05, 0.02])
 Q = np.array([0.10, 0.35, 0.05, 0.25, 0.05, 0.05, 0.15])
 SPEC = WatermarkSpec(tokenizer=TokenizerRef(name="fake", sha256="0" * 64, vocab_size=len(P)))
-# Reject at p < 1e-4: over the ~40 chi-square tests here a correct sampler fails any with
-# probability < 0.4%. With 3000 keys a bias of TV = 0.05 gives a noncentrality of ~70 against a
+PREFIX_SPEC = WatermarkSpec(tokenizer=SPEC.tokenizer, context_mode="prefix")
+# Reject at p < 1e-4: over the ~50 chi-square tests here a correct sampler fails any with
+# probability < 0.5%. With 3000 keys a bias of TV = 0.05 gives a noncentrality of ~70 against a
 # critical value of 28 (6 dof): such a sampler fails essentially always.
 P_REJECT = 1e-4
 N_KEYS = 3000
 N_KEYS_BOUND = 2000
 
 
-def _key(i: int) -> KeyMaterial:
-    return KeyMaterial(key_id=f"k{i}", secret=Secret(hashlib.sha256(b"exact%d" % i).digest()), spec=SPEC)
+def _key(i: int, spec: WatermarkSpec = SPEC) -> KeyMaterial:
+    return KeyMaterial(key_id=f"k{i}", secret=Secret(hashlib.sha256(b"exact%d" % i).digest()), spec=spec)
 
 
 METHODS = [
@@ -45,13 +46,22 @@ METHODS = [
     "method,drafts,lookahead", METHODS, ids=[f"{m}-B{b}-L{ell}" for m, b, ell in METHODS]
 )
 def test_emitted_tokens_follow_the_target_over_keys(method, drafts, lookahead):
+    _check_follows_target(method, drafts, lookahead, SPEC)
+
+
+@pytest.mark.parametrize("method,drafts,lookahead", [("pfr", 1, 3), ("mpfr", 4, 2)])
+def test_prefix_labels_keep_the_output_exact(method, drafts, lookahead):
+    _check_follows_target(method, drafts, lookahead, PREFIX_SPEC)  # the paper's labels
+
+
+def _check_follows_target(method: str, drafts: int, lookahead: int, spec: WatermarkSpec) -> None:
     target, drafter = FakeLM.fixed(P), FakeLM.fixed(Q)
     config = SamplerConfig(
         method=method, drafts=drafts, lookahead=lookahead, max_new_tokens=6, diversity_bits=0
     )
     counts = np.zeros((6, len(P)))
     for i in range(N_KEYS):
-        out = generate(target, [1, 2, 3, 4], config=config, key=_key(i), drafter=drafter, seed=i)
+        out = generate(target, [1, 2, 3, 4], config=config, key=_key(i, spec), drafter=drafter, seed=i)
         for pos, tok in enumerate(out.token_ids):
             counts[pos, tok] += 1
     # Positions are tested one at a time: across keys each position's token is independent.
