@@ -15,6 +15,7 @@ from wmark.cli import scan as scan_cmd
 from wmark.cli import serve as serve_cmd
 from wmark.cli import tokens as tokens_cmd
 from wmark.cli.common import WmarkGroup
+from wmark.generator.cpu_threads import prefer_passive_wait
 
 app = typer.Typer(
     name="wmark",
@@ -57,4 +58,5 @@ def root(
 
 def main() -> None:
     """Console-script entry point."""
+    prefer_passive_wait()  # before any command imports torch (OpenMP reads it only then)
     app()

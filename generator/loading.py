@@ -20,7 +20,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from wmark.errors import BackendError, InputError
-from wmark.generator.embedded import DRAFTER, TARGET, models_dir, prepare
+from wmark.generator import gguf_int8
+from wmark.generator.cpu_threads import choose_threads
+from wmark.generator.embedded import DRAFTER, TARGET, Weights, models_dir, prepare
 from wmark.generator.hf_backend import PRECISIONS, HFModel, prepare_model
 
 __all__ = ["ModelPair", "load_pair", "resolve_source"]
@@ -28,10 +30,15 @@ __all__ = ["ModelPair", "load_pair", "resolve_source"]
 Progress = Callable[[str], None]
 
 
-def resolve_source(source: str, role: str) -> Path | str:
-    """'embedded' -> the cached embedded model directory; anything else is passed to transformers."""
+def resolve_source(source: str, role: str, precision: str = "fp32") -> Path | str:
+    """'embedded' -> the cached embedded model directory; anything else is passed to transformers.
+
+    The embedded directory holds what `precision` loads: the int8 cache for "int8", else a
+    float32 checkpoint for `from_pretrained` (built on first use; the int8 path never needs it).
+    """
     if source == "embedded":
-        return prepare(TARGET if role == "target" else DRAFTER)
+        weights: Weights = "int8" if precision == "int8" else "float32"
+        return prepare(TARGET if role == "target" else DRAFTER, weights=weights)
     return source
 
 
@@ -52,6 +59,9 @@ def _load_tokenizer(source: Path | str) -> tuple[PreTrainedTokenizerBase, bytes]
 
 def _load_model(source: Path | str, precision: str, device: str) -> PreTrainedModel:
     hf_logging.disable_progress_bar()  # the CLI shows its own progress
+    if precision == "int8" and isinstance(source, Path) and gguf_int8.has_int8(source):
+        model = gguf_int8.load(source)  # converted straight from GGUF: no float32 weights anywhere
+        return prepare_model(model, precision, device, int8_cache=source / gguf_int8.INT8_FILE)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
     except (OSError, ValueError) as exc:
@@ -144,6 +154,7 @@ def load_pair(
     *,
     device: str = "cpu",
     precision: str = "auto",
+    threads: int | None = None,
     progress: Progress | None = None,
 ) -> ModelPair:
     """Load the target (and drafter) for generation.
@@ -153,6 +164,8 @@ def load_pair(
         drafter: the same, or None when the method needs no drafter.
         device: "cpu" or "cuda".
         precision: one of `PRECISIONS`; "auto" is int8 on CPU, bf16 on CUDA.
+        threads: CPU threads for torch; None: `$WMARK_THREADS`, else the cores free right now
+            (`wmark.generator.cpu_threads`).
         progress: called with a short description of each loading stage.
 
     Raises:
@@ -167,15 +180,20 @@ def load_pair(
     if precision == "auto":
         precision = "int8" if device == "cpu" else "bf16"
     say = progress or (lambda _msg: None)
+    try:
+        torch.set_num_threads(choose_threads(threads))
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    say(f"computing with {torch.get_num_threads()} CPU threads")
     say(f"preparing target {target}")
-    target_src = resolve_source(target, "target")
+    target_src = resolve_source(target, "target", precision)
     chat, tokenizer_json = _load_tokenizer(target_src)
     say("loading target weights")
     target_model = _load_model(target_src, precision, device)
     draft_model = None
     if drafter is not None:
         say(f"preparing drafter {drafter}")
-        draft_src = resolve_source(drafter, "drafter")
+        draft_src = resolve_source(drafter, "drafter", precision)
         if _vocab(tokenizer_json) != _vocab(_load_tokenizer(draft_src)[1]):
             raise BackendError(
                 f"the drafter {drafter} does not share the target's tokenizer "

@@ -66,6 +66,33 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture()
+def install_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str, list[bytes]], None]]:
+    """Installs chunks as importable packages {name}1..{name}N whose get_part_path() returns each
+    chunk's file: the layout of the embedded models' PyPI part packages."""
+    import sys
+
+    names: list[str] = []
+
+    def install(name: str, chunks: list[bytes]) -> None:
+        for i, chunk in enumerate(chunks, start=1):
+            pkg = tmp_path / "site" / f"{name}{i}"
+            (pkg / "data").mkdir(parents=True)
+            (pkg / "data" / "part.bin").write_bytes(chunk)
+            (pkg / "__init__.py").write_text(
+                "import os\n\n\ndef get_part_path():\n"
+                "    return os.path.join(os.path.dirname(__file__), 'data', 'part.bin')\n"
+            )
+            names.append(f"{name}{i}")
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+
+    yield install
+    for module in names:
+        sys.modules.pop(module, None)
+
+
 def build_word_tokenizer(n_words: int = VOCAB_WORDS) -> bytes:
     """A WordLevel tokenizer over w0..w{n-1} plus [UNK], split on whitespace (built, not downloaded)."""
     vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(n_words)}}

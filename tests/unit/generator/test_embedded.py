@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,26 +10,11 @@ from wmark import BackendError
 from wmark.generator.embedded import EmbeddedModel, _assemble
 
 
-def _fake_parts(root: Path, name: str, chunks: list[bytes]) -> None:
-    """Importable packages name1..nameN whose get_part_path() returns their chunk."""
-    for i, chunk in enumerate(chunks, start=1):
-        pkg = root / f"{name}{i}"
-        (pkg / "data").mkdir(parents=True)
-        (pkg / "data" / "part.bin").write_bytes(chunk)
-        (pkg / "__init__.py").write_text(
-            "import os\n\n\ndef get_part_path():\n"
-            "    return os.path.join(os.path.dirname(__file__), 'data', 'part.bin')\n"
-        )
-
-
 @pytest.fixture()
-def parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+def parts(install_parts) -> list[bytes]:
     chunks = [b"GGUF" + bytes(range(256)) * 3, b"second part", b"third and last"]
-    _fake_parts(tmp_path / "site", "wmark_fake_part", chunks)
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    yield chunks
-    for i in range(1, 4):
-        sys.modules.pop(f"wmark_fake_part{i}", None)
+    install_parts("wmark_fake_part", chunks)
+    return chunks
 
 
 def _model(chunks: list[bytes], parts: int | None = None, sha: str | None = None) -> EmbeddedModel:

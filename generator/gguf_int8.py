@@ -1,0 +1,137 @@
+"""A GGUF model converted straight into what the int8 precision loads, with no float32 copy.
+
+The float32 route (transformers dequantises the whole GGUF, the result is saved, then quantised
+again on the first int8 load) wrote 6.7 GB for a 1.1 GB file and took minutes. `convert` walks the
+GGUF one tensor at a time instead:
+
+- the weight of every linear layer is dequantised and at once quantised to int8 per output
+  channel by `RowInt8Linear.quantize`, into `int8.safetensors` under the names `convert_linears`
+  reads, so these are exactly the numbers the float32 route would produce;
+- the token embedding keeps its GGUF encoding (raw blocks, about a tenth of float32) and is
+  dequantised on load, so its values are exactly those of the float32 route too;
+- norms and biases (a few MB) are stored as float32 in `dense.safetensors`.
+
+`load` builds the model without initialising its weights and fills it from those files: the
+model that `prepare_model(..., "int8")` then returns is bit-identical to the float32 route's.
+Only Qwen2-style GGUF files (no tensor reordering in the conversion) are accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import safetensors.torch
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+
+from wmark.errors import BackendError
+from wmark.generator.rowwise import RowInt8Linear
+
+__all__ = ["DENSE_FILE", "INT8_FILE", "convert", "has_int8", "load"]
+
+INT8_FILE = "int8.safetensors"
+DENSE_FILE = "dense.safetensors"
+_CONVERTIBLE = frozenset({"qwen2"})  # model types whose GGUF tensors map to HF ones unchanged
+
+
+def has_int8(path: Path) -> bool:
+    """Whether `path` holds a converted model (config, int8 linears and dense tensors)."""
+    return all((path / name).is_file() for name in ("config.json", INT8_FILE, DENSE_FILE))
+
+
+def _skeleton(config: object, *, meta: bool) -> PreTrainedModel:
+    """The model with uninitialised weights: on the meta device, or as untouched CPU memory."""
+    from transformers.initialization import no_init_weights
+
+    if meta:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with no_init_weights():
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def _linear_names(model: nn.Module) -> set[str]:
+    return {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+
+
+def convert(gguf: Path, out: Path, progress: Callable[[int, int], None] | None = None) -> None:
+    """Write config, generation config, `int8.safetensors` and `dense.safetensors` into `out`.
+
+    Args:
+        gguf: the (verified) GGUF file.
+        out: an existing directory (the caller moves its files into the cache).
+        progress: called as progress(tensors done, tensors total).
+    """
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if config.model_type not in _CONVERTIBLE:
+        raise BackendError(f"no direct int8 conversion for {config.model_type} GGUF files")
+    skeleton = _skeleton(config, meta=True)
+    gguf_to_hf = get_gguf_hf_weights_map(skeleton, TensorProcessor())
+    linears = _linear_names(skeleton)
+    embedding = next(n for n, p in skeleton.named_parameters() if p is skeleton.get_input_embeddings().weight)
+    int8: dict[str, torch.Tensor] = {}
+    dense: dict[str, torch.Tensor] = {}
+    encodings: dict[str, str] = {}
+    reader = GGUFReader(gguf)
+    for done, tensor in enumerate(reader.tensors, start=1):
+        name = gguf_to_hf.get(tensor.name)
+        if name is None:
+            raise BackendError(f"GGUF tensor {tensor.name} has no place in a {config.model_type} model")
+        module, _, kind = name.rpartition(".")
+        if name == embedding:
+            dense[name] = torch.from_numpy(np.array(tensor.data))  # a copy: the file is mapped read-only
+            encodings[name] = tensor.tensor_type.name
+        else:
+            values = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+            if module in linears and kind == "weight":
+                int8[f"{module}.q"], int8[f"{module}.scale"] = RowInt8Linear.quantize(values)
+            else:
+                dense[name] = values
+        if progress:
+            progress(done, len(reader.tensors))
+    missing = {n for n, _ in skeleton.named_parameters()} - set(dense) - {f"{m}.weight" for m in linears}
+    missing |= {m for m in linears if f"{m}.q" not in int8}
+    if missing:
+        raise BackendError(f"the GGUF file lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    safetensors.torch.save_file(int8, str(out / INT8_FILE))
+    safetensors.torch.save_file(dense, str(out / DENSE_FILE), metadata=encodings)
+
+
+def load(path: Path) -> PreTrainedModel:
+    """The model of a converted directory, float32 except its linear layers' weights.
+
+    Those weights are left uninitialised (never touched, so never in memory): pass
+    `int8_cache=path / INT8_FILE` to `prepare_model(..., "int8")`, which replaces every linear
+    layer from that file.
+    """
+    from gguf import GGMLQuantizationType, dequantize
+
+    model = _skeleton(AutoConfig.from_pretrained(str(path)), meta=False)
+    with safe_open(str(path / INT8_FILE), framework="pt") as f:
+        cached = set(f.keys())
+    absent = [m for m in sorted(_linear_names(model)) if f"{m}.q" not in cached]
+    if absent:
+        raise BackendError(f"{path / INT8_FILE} lacks {absent[0]}: delete {path} to rebuild it")
+    tensors: dict[str, torch.Tensor] = {}
+    with safe_open(str(path / DENSE_FILE), framework="pt") as f:
+        encodings = f.metadata() or {}
+        for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+            tensor = f.get_tensor(name)
+            if name in encodings:
+                raw = tensor.numpy()
+                tensor = torch.from_numpy(dequantize(raw, GGMLQuantizationType[encodings[name]]).copy())
+            tensors[name] = tensor
+    result = model.load_state_dict(tensors, strict=False, assign=True)
+    expected = {f"{m}.weight" for m in _linear_names(model)}
+    if result.unexpected_keys or not set(result.missing_keys) <= expected:
+        raise BackendError(f"{path / DENSE_FILE} does not match the model: delete {path} to rebuild it")
+    return model

@@ -1,0 +1,151 @@
+"""The int8 cache built straight from a GGUF file: bit-identical to the float32 route, no float32
+copy on disk, SHA-256 still checked. A tiny random Qwen2 model is written as GGUF here."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_map, quantize
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from wmark import BackendError
+from wmark.generator import gguf_int8
+from wmark.generator.embedded import EmbeddedModel, prepare
+from wmark.generator.hf_backend import HFModel, prepare_model
+from wmark.generator.loading import _load_model
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7]
+
+
+def _write_gguf(path: Path) -> None:
+    """A 2-layer Qwen2 (vocab 256) as the embedded files are: Q8_0 linears, a Q5_0 embedding,
+    float32 norms and biases, a separate output layer, a GPT-2 style tokenizer."""
+    config = Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    writer = GGUFWriter(str(path), "qwen2")
+    for key, value in {
+        "context_length": 512,
+        "block_count": 2,
+        "embedding_length": 64,
+        "feed_forward_length": 128,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+    }.items():
+        writer.add_uint32(f"qwen2.{key}", value)
+    writer.add_float32("qwen2.rope.freq_base", 10000.0)
+    writer.add_float32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b", "ab"] + [f"w{i}" for i in range(253)])
+    writer.add_token_merges(["a b"])
+    writer.add_token_types([1] * 256)
+    writer.add_eos_token_id(0)
+    names = get_tensor_name_map(MODEL_ARCH.QWEN2, 2)
+    for name, param in model.state_dict().items():
+        module, _, suffix = name.rpartition(".")
+        values = param.detach().numpy().astype(np.float32)
+        gguf_name = f"{names.get_name(module)}.{suffix}"
+        if values.ndim == 2:
+            qtype = GGMLQuantizationType.Q5_0 if "embed" in name else GGMLQuantizationType.Q8_0
+            writer.add_tensor(gguf_name, quantize(values, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    _write_gguf(path)
+    return path
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    """Root logits and a small tree's logits after PROMPT (the rowwise kernels for both)."""
+    session = HFModel(model, frozenset({0})).session(PROMPT)
+    root, _ = session.extend([], [])
+    _, tree = session.extend([-1, -1, 0], [11, 12, 13])
+    return torch.cat([root[None], tree])
+
+
+def test_direct_conversion_equals_the_float32_route_bit_for_bit(gguf_file, tmp_path):
+    out = tmp_path / "lean"
+    out.mkdir()
+    gguf_int8.convert(gguf_file, out)
+    lean = prepare_model(gguf_int8.load(out), "int8", "cpu", int8_cache=out / gguf_int8.INT8_FILE)
+    stamp = (out / gguf_int8.INT8_FILE).stat().st_mtime_ns
+
+    old_cache = tmp_path / "old-int8.safetensors"
+    reference = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    reference = prepare_model(reference, "int8", "cpu", int8_cache=old_cache)
+    assert torch.equal(_logits(lean), _logits(reference))
+    new, old = safetensors.torch.load_file(out / gguf_int8.INT8_FILE), safetensors.torch.load_file(old_cache)
+    assert new.keys() == old.keys() and all(torch.equal(new[k], old[k]) for k in new)
+    assert (out / gguf_int8.INT8_FILE).stat().st_mtime_ns == stamp  # read by the load, not rewritten
+    # No float32 copy: the embedding stays in its GGUF encoding, only norms and biases are float.
+    dense = safetensors.torch.load_file(out / gguf_int8.DENSE_FILE)
+    assert dense["model.embed_tokens.weight"].dtype == torch.uint8
+    assert sum(t.numel() for t in dense.values() if t.dtype == torch.float32) < 2000
+
+
+def test_an_incomplete_int8_file_is_refused_not_requantised(gguf_file, tmp_path):
+    out = tmp_path / "lean"
+    out.mkdir()
+    gguf_int8.convert(gguf_file, out)
+    tensors = safetensors.torch.load_file(out / gguf_int8.INT8_FILE)
+    del tensors["lm_head.q"], tensors["lm_head.scale"]
+    safetensors.torch.save_file(tensors, out / gguf_int8.INT8_FILE)
+    with pytest.raises(BackendError, match="lm_head"):
+        gguf_int8.load(out)
+
+
+@pytest.fixture()
+def embedded_tiny(gguf_file, tmp_path, monkeypatch, install_parts) -> EmbeddedModel:
+    """The tiny GGUF split into two part packages, like the real embedded models."""
+    data = gguf_file.read_bytes()
+    install_parts("wmark_tiny_gguf", [data[: len(data) // 2], data[len(data) // 2 :]])
+    monkeypatch.setenv("WMARK_MODEL_CACHE", str(tmp_path / "cache"))
+    return EmbeddedModel(
+        name="Tiny",
+        package="wmark_tiny_gguf",
+        distribution="wmark-tiny-gguf",
+        version="1",
+        parts=2,
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def test_prepare_builds_int8_by_default_and_float32_only_when_asked(embedded_tiny):
+    path = prepare(embedded_tiny)
+    files = {p.name for p in path.iterdir()}
+    assert {"tokenizer.json", "config.json", gguf_int8.INT8_FILE, gguf_int8.DENSE_FILE} <= files
+    assert not any(name.startswith("model") for name in files)  # no float32 checkpoint
+    assert not any(p.name.startswith(".") for p in path.parent.iterdir())  # the assembled GGUF is gone
+    lean = _load_model(path, "int8", "cpu")
+    assert prepare(embedded_tiny) == path  # cached: nothing rebuilt
+    prepare(embedded_tiny, weights="float32")
+    assert (path / "model.safetensors").is_file()
+    assert torch.equal(_logits(lean), _logits(_load_model(str(path), "int8", "cpu")))
+
+
+def test_a_corrupt_gguf_is_refused_before_conversion(embedded_tiny):
+    corrupt = EmbeddedModel(**{**embedded_tiny.__dict__, "sha256": "0" * 64})
+    with pytest.raises(BackendError, match="corrupt"):
+        prepare(corrupt)

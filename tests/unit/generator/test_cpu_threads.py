@@ -1,0 +1,72 @@
+"""Thread count from the free cores: measured from /proc/stat, overridden by WMARK_THREADS."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from wmark.generator import cpu_threads
+
+
+def _stat(*cpus: tuple[int, int]) -> str:
+    """A /proc/stat with the given (busy, idle) jiffies per CPU."""
+    lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+    lines += [f"cpu{i} {busy} 0 0 {idle} 0 0 0 0 0 0" for i, (busy, idle) in enumerate(cpus)]
+    return "\n".join([*lines, "intr 0", ""])
+
+
+@pytest.fixture()
+def two_cores(tmp_path, monkeypatch):
+    """Two CPUs whose /proc/stat moves by the given jiffies while free_cores sleeps."""
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(cpu_threads, "_STAT", stat)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.delenv(cpu_threads.THREADS_ENV, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    totals = [(1000, 5000), (2000, 4000)]  # counters since boot: only their growth matters
+    stat.write_text(_stat(*totals))
+
+    def advance(*deltas: tuple[int, int]) -> None:
+        def sleep(_seconds: float) -> None:
+            totals[:] = [(b + db, i + di) for (b, i), (db, di) in zip(totals, deltas, strict=True)]
+            stat.write_text(_stat(*totals))
+
+        monkeypatch.setattr(cpu_threads.time, "sleep", sleep)
+
+    return advance
+
+
+def test_one_busy_core_leaves_one_thread(two_cores):
+    two_cores((100, 0), (3, 97))  # cpu0 spinning, cpu1 idle
+    assert cpu_threads.free_cores() == pytest.approx(0.97)
+    assert cpu_threads.choose_threads() == 1
+
+
+def test_a_quiet_machine_gets_every_core_and_a_loaded_one_still_gets_a_thread(two_cores):
+    two_cores((10, 90), (20, 80))
+    assert cpu_threads.choose_threads() == 2
+    two_cores((100, 0), (100, 0))
+    assert cpu_threads.choose_threads() == 1
+
+
+def test_an_explicit_count_or_the_environment_wins(two_cores, monkeypatch):
+    two_cores((100, 0), (100, 0))
+    assert cpu_threads.choose_threads(3) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert cpu_threads.choose_threads() == 4
+    monkeypatch.setenv(cpu_threads.THREADS_ENV, "2")  # wmark's own variable first
+    assert cpu_threads.choose_threads() == 2
+    monkeypatch.setenv(cpu_threads.THREADS_ENV, "two")
+    with pytest.raises(ValueError, match="WMARK_THREADS"):
+        cpu_threads.choose_threads()
+
+
+def test_passive_wait_respects_a_choice_already_made(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cpu_threads.prefer_passive_wait()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    cpu_threads.prefer_passive_wait()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
