@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -54,9 +55,31 @@ def _read(source: str, max_bytes: int) -> str:
     return text
 
 
+def _read_generation(source: str, max_bytes: int) -> tuple[list[int], list[int], str]:
+    """(prompt_ids, token_ids, text) of a `wmark generate --json` record."""
+    try:
+        record = json.loads(_read(source, max_bytes))
+        prompt, tokens, text = record["prompt_ids"], record["token_ids"], record["text"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise InputError(f"{source} is not the output of `wmark generate --json` ({exc})") from None
+    ids = [*prompt, *tokens]
+    if not tokens or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise InputError(f"{source}: prompt_ids and token_ids must be lists of token IDs (answer not empty)")
+    return list(prompt), list(tokens), str(text)
+
+
 def detect(
     files: Annotated[
         list[str] | None, typer.Argument(help="Text files to check; '-' or nothing reads stdin.")
+    ] = None,
+    generation: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--generation",
+            "-g",
+            help="A `wmark generate --json` record to check by its token IDs, prompt included "
+            "(what prefix-mode keys need; exact for any key). Repeatable; instead of FILES.",
+        ),
     ] = None,
     key: Annotated[
         list[str] | None,
@@ -85,17 +108,26 @@ def detect(
       wmark detect answer.txt
       cat answer.txt | wmark detect --json
       wmark detect a.txt b.txt --key wk_3f9a1c2b7d4e --alpha 0.001
+      wmark generate --json "Why is the sky blue?" > gen.json && wmark detect --generation gen.json
     """
     if not 0.0 < alpha < 1.0:
         raise fail(f"--alpha must be between 0 and 1, got {alpha}")
-    sources = files or ["-"]
-    texts = [_read(s, max_bytes) for s in sources]  # all inputs are checked before any work is done
+    if files and generation:
+        raise fail("give text FILES or --generation records, not both")
+    sources = generation or files or ["-"]
+    records = [_read_generation(s, max_bytes) for s in generation or []]
+    # All inputs are checked before any work is done.
+    texts = [text for *_, text in records] if generation else [_read(s, max_bytes) for s in sources]
     with open_registry() as registry:
         detector = Detector(registry.detection_keys(key), registry.tokenizer_json)
-        results = [
-            detector.detect(t, alpha=alpha, source=s if s != "-" else "stdin")
-            for s, t in zip(sources, texts, strict=True)
-        ]
+        labels = [s if s != "-" else "stdin" for s in sources]
+        if generation:
+            results = [
+                detector.detect(token_ids=[*p, *t], start=len(p), alpha=alpha, source=label)
+                for (p, t, _), label in zip(records, labels, strict=True)
+            ]
+        else:
+            results = [detector.detect(t, alpha=alpha, source=s) for s, t in zip(labels, texts, strict=True)]
         actor, tested = cli_actor(), [k.key_id for k in detector.keys]
         registry.audit.append(  # one row per input, like the service; the text itself is never stored
             *(

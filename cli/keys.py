@@ -82,7 +82,10 @@ def create(
     ] = None,
     context_mode: Annotated[
         str,
-        typer.Option(help="'window' (default) or 'prefix' (paper replication; needs the prompt to detect)."),
+        typer.Option(
+            help="'window' (default) or 'prefix' (paper replication: detect with the prompt, "
+            "`wmark detect --generation`)."
+        ),
     ] = "window",
     min_scored_tokens: Annotated[
         int, typer.Option(min=1, help="Fewer scored tokens than this give 'insufficient_evidence'.")

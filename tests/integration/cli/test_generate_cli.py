@@ -24,8 +24,8 @@ def dirs(tmp_path_factory: pytest.TempPathFactory, word_model_dir) -> dict[str, 
     }
 
 
-def _key(dirs: dict[str, Path]) -> str:
-    result = runner.invoke(app, ["keys", "create", "tiny", "--tokenizer", str(dirs["target"])])
+def _key(dirs: dict[str, Path], *extra: str) -> str:
+    result = runner.invoke(app, ["keys", "create", "tiny", "--tokenizer", str(dirs["target"]), *extra])
     assert result.exit_code == 0, result.output
     return result.stdout.strip()
 
@@ -84,6 +84,29 @@ def test_model_free_drafters_emit_basic_uwm_text(dirs, drafter):
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["token_ids"] == base["token_ids"] and out["draft_forwards"] == 0
+
+
+def test_a_prefix_mode_key_generates_and_its_records_detect(dirs, tmp_path):
+    key_id = _key(dirs, "--context-mode", "prefix")  # the paper's labels: the whole prefix
+    prompt = " ".join(f"w{i}" for i in range(40, 52))
+    result = _generate(dirs, "--raw", "--max-new-tokens", "100", "--seed", "4", prompt)
+    assert result.exit_code == 0, result.output
+    record = tmp_path / "gen.json"
+    record.write_text(result.stdout)
+    out = json.loads(result.stdout)
+    detection = json.loads(runner.invoke(app, ["detect", "--generation", str(record), "--json"]).stdout)
+    assert detection["verdict"] == "watermarked" and detection["key_id"] == key_id
+    assert detection["n_scored"] == len(out["token_ids"])  # every generated position
+    basic = json.loads(
+        _generate(
+            dirs, "--raw", "--max-new-tokens", "100", "--seed", "4", "--method", "basic-uwm", prompt
+        ).stdout
+    )
+    assert basic["token_ids"] == out["token_ids"]  # drafter invariance holds for prefix labels too
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"prompt_ids": [1], "token_ids": ["w1"], "text": "w1"}')
+    failed = runner.invoke(app, ["detect", "--generation", str(bad)])
+    assert failed.exit_code == 2 and "token IDs" in failed.output
 
 
 def test_prompt_file_and_chat_template_free_models(dirs, tmp_path):
