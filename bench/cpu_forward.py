@@ -33,9 +33,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precisions", default="fp32,int8", help="comma-separated: fp32, int8")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     precisions = args.precisions.split(",")
-    pairs = {precision: load_pair("embedded", "embedded", precision=precision) for precision in precisions}
+    pairs = {
+        precision: load_pair("embedded", "embedded", precision=precision, threads=args.threads)
+        for precision in precisions
+    }
     drafter = pairs["int8"].drafter if "int8" in pairs else None
     heads: dict[str, torch.nn.Module] = {}
     if drafter is not None:  # the full output layer and the cut one, swapped on the same model

@@ -108,7 +108,6 @@ def main() -> None:
         help=f"comma-separated rows: {', '.join(SETTINGS)}, or method:B:L:drafter:confidence",
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.settings.split(",")]
     for name in names:  # ad hoc rows: method:B:L:drafter:confidence
         if name not in SETTINGS and name.count(":") == 4:
@@ -118,7 +117,7 @@ def main() -> None:
     if unknown or "basic-uwm" not in names:
         parser.error(f"unknown settings {unknown} (basic-uwm is required: the ratios are against it)")
 
-    pair = load_pair("embedded", "embedded", precision=args.precision)
+    pair = load_pair("embedded", "embedded", precision=args.precision, threads=args.threads)
     assert pair.drafter is not None
     tok = TextTokenizer(embedded_tokenizer_json(), "qwen2.5-coder")
     key = KeyMaterial(
