@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors.torch
@@ -58,6 +59,24 @@ def _linear_names(model: nn.Module) -> set[str]:
     return {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
 
 
+def _quantize_rows(data: np.ndarray, qtype: Any, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """`RowInt8Linear.quantize` of a GGUF weight, `chunk` rows at a time.
+
+    Both steps are row-local, so the result equals quantising the whole float32 matrix, while
+    memory holds one chunk's float32 and float64 temporaries instead of the whole matrix's (the
+    target's output layer alone is 0.9 GB in float32).
+    """
+    from gguf import dequantize
+
+    parts = [
+        RowInt8Linear.quantize(
+            torch.from_numpy(np.array(dequantize(data[i : i + chunk], qtype), dtype=np.float32))
+        )
+        for i in range(0, len(data), chunk)
+    ]
+    return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
+
+
 def convert(gguf: Path, out: Path, progress: Callable[[int, int], None] | None = None) -> None:
     """Write config, generation config, `int8.safetensors` and `dense.safetensors` into `out`.
 
@@ -88,12 +107,12 @@ def convert(gguf: Path, out: Path, progress: Callable[[int, int], None] | None =
         if name == embedding:
             dense[name] = torch.from_numpy(np.array(tensor.data))  # a copy: the file is mapped read-only
             encodings[name] = tensor.tensor_type.name
+        elif module in linears and kind == "weight":
+            int8[f"{module}.q"], int8[f"{module}.scale"] = _quantize_rows(tensor.data, tensor.tensor_type)
         else:
-            values = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
-            if module in linears and kind == "weight":
-                int8[f"{module}.q"], int8[f"{module}.scale"] = RowInt8Linear.quantize(values)
-            else:
-                dense[name] = values
+            dense[name] = torch.from_numpy(
+                np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            )
         if progress:
             progress(done, len(reader.tensors))
     missing = {n for n, _ in skeleton.named_parameters()} - set(dense) - {f"{m}.weight" for m in linears}

@@ -149,3 +149,15 @@ def test_a_corrupt_gguf_is_refused_before_conversion(embedded_tiny):
     corrupt = EmbeddedModel(**{**embedded_tiny.__dict__, "sha256": "0" * 64})
     with pytest.raises(BackendError, match="corrupt"):
         prepare(corrupt)
+
+
+def test_quantising_in_row_chunks_equals_quantising_the_whole_matrix(gguf_file):
+    from gguf import GGUFReader, dequantize
+
+    from wmark.generator.rowwise import RowInt8Linear
+
+    tensor = next(t for t in GGUFReader(gguf_file).tensors if t.name == "blk.0.ffn_down.weight")
+    whole = RowInt8Linear.quantize(torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type))))
+    for chunk in (7, 64, 10_000):  # uneven, exact, larger than the matrix
+        q, scale = gguf_int8._quantize_rows(tensor.data, tensor.tensor_type, chunk=chunk)
+        assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
