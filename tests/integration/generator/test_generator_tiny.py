@@ -1,5 +1,6 @@
 """The generator on tiny random transformers (built here, float32): drafter invariance, one target
-forward per block, the repeated-window mask shared with the detector, diversity, detection."""
+forward per block, the repeated-window mask shared with the detector, diversity, detection; the
+same for prefix-mode keys."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import torch
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.contexts import scored_positions
 from wmark.detector import Detector
+from wmark.generator.clocks import ClockKind, ClockPolicy
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fakes import FakeLM
 from wmark.generator.hf_backend import HFModel, prepare_model
 from wmark.generator.logits import LogitsConfig
+from wmark.prf import KeyedSource
 
 VOCAB = 256  # the tiny models of conftest.py
 EOS = 0
@@ -155,3 +158,53 @@ def test_int8_weights_are_cached_between_loads(tmp_path, tiny_qwen):
     a, _ = first.session(PROMPT).extend([], [])
     b, _ = second.session(PROMPT).extend([], [])
     assert torch.equal(a, b)
+
+
+# Prefix-mode keys: the paper's labels (every token before a position, prompt included).
+PREFIX_KEY = KeyMaterial(
+    key_id="wk_prefix", secret=KEY.secret, spec=WatermarkSpec(tokenizer=SPEC.tokenizer, context_mode="prefix")
+)
+PREFIX_CONFIGS = [("pfr", 1, 2), ("pfr", 1, 4), ("mpfr", 2, 3), ("mpfr", 4, 4), ("mpfr", 8, 2)]
+
+
+@pytest.mark.parametrize(
+    "method,drafts,lookahead", PREFIX_CONFIGS, ids=[f"{m}-B{b}-L{ell}" for m, b, ell in PREFIX_CONFIGS]
+)
+def test_drafter_invariance_with_prefix_labels(models, method, drafts, lookahead):
+    reference = _run(models, "basic-uwm", key=PREFIX_KEY)
+    assert reference.masked_positions == ()  # a prefix label never repeats
+    boundaries = set()
+    for drafter in ("close", "unrelated"):
+        for draft_t in (1.0, 0.5):
+            out = _run(models, method, drafts, lookahead, drafter, draft_t, key=PREFIX_KEY)
+            assert out.token_ids == reference.token_ids, (drafter, draft_t)
+            assert out.masked_positions == () and out.diverse_positions == reference.diverse_positions
+            assert out.target_forwards == len(out.blocks)
+            boundaries.add(out.blocks)
+    assert len(boundaries) > 1  # only block boundaries differ between drafters
+
+
+@pytest.mark.parametrize("method,drafts", [("basic-uwm", 1), ("pfr", 1), ("mpfr", 4)])
+def test_prefix_generation_is_detected_with_its_prompt(models, method, drafts):
+    out = _run(models, method, drafts, max_new=160, key=PREFIX_KEY)
+    ids = [*PROMPT, *out.token_ids]
+    result = Detector([PREFIX_KEY]).detect(token_ids=ids, start=len(PROMPT))
+    assert result.n_scored == len(out.token_ids)  # every generated position, diversity prefix included
+    assert result.verdict == "watermarked" and result.p_value < 1e-4
+    # The same secret in window mode labels positions differently: no evidence from this text.
+    assert Detector([KEY]).detect(token_ids=ids, start=len(PROMPT)).verdict != "watermarked"
+
+
+def test_generator_prefix_seeds_equal_the_detector_pivots(models):
+    # The generator hashes each whole prefix; the detector hashes the text incrementally. They
+    # must give the same uniform U(y_t, 1) at every keyed position.
+    out = _run(models, "mpfr", 4, max_new=60, key=PREFIX_KEY)
+    ids = [*PROMPT, *out.token_ids]
+    policy = ClockPolicy(PREFIX_KEY, b"n" * 16, prompt_len=len(PROMPT))
+    mine = [
+        float(policy.uniforms(policy.seed(ids[:t], ClockKind.KEYED), np.array([ids[t]]))[0, 0])
+        for t in range(len(PROMPT), len(ids))
+    ]
+    theirs = KeyedSource(PREFIX_KEY.secret, PREFIX_KEY.spec).prefix_pivots(ids, len(PROMPT))
+    assert mine == theirs.tolist()
+    assert {policy.kind(ids[:t]) for t in range(len(PROMPT), len(ids))} == {ClockKind.KEYED}

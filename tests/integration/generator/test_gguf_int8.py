@@ -11,7 +11,7 @@ import pytest
 import safetensors.torch
 import torch
 from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_map, quantize
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from wmark import BackendError
 from wmark.generator import gguf_int8
@@ -22,39 +22,28 @@ from wmark.generator.loading import _load_model
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 
 
-def _write_gguf(path: Path) -> None:
-    """A 2-layer Qwen2 (vocab 256) as the embedded files are: Q8_0 linears, a Q5_0 embedding,
-    float32 norms and biases, a separate output layer, a GPT-2 style tokenizer."""
-    config = Qwen2Config(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).eval()
+def _write_gguf(path: Path, model: Qwen2ForCausalLM) -> None:
+    """`model` as the embedded files are: Q8_0 linears, a Q5_0 embedding, float32 norms and
+    biases, a separate output layer, a GPT-2 style tokenizer."""
+    config = model.config
     writer = GGUFWriter(str(path), "qwen2")
     for key, value in {
-        "context_length": 512,
-        "block_count": 2,
-        "embedding_length": 64,
-        "feed_forward_length": 128,
-        "attention.head_count": 4,
-        "attention.head_count_kv": 2,
+        "context_length": config.max_position_embeddings,
+        "block_count": config.num_hidden_layers,
+        "embedding_length": config.hidden_size,
+        "feed_forward_length": config.intermediate_size,
+        "attention.head_count": config.num_attention_heads,
+        "attention.head_count_kv": config.num_key_value_heads,
     }.items():
         writer.add_uint32(f"qwen2.{key}", value)
-    writer.add_float32("qwen2.rope.freq_base", 10000.0)
-    writer.add_float32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32("qwen2.rope.freq_base", float(config.rope_parameters["rope_theta"]))
+    writer.add_float32("qwen2.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(["a", "b", "ab"] + [f"w{i}" for i in range(253)])
+    writer.add_token_list(["a", "b", "ab"] + [f"w{i}" for i in range(config.vocab_size - 3)])
     writer.add_token_merges(["a b"])
-    writer.add_token_types([1] * 256)
+    writer.add_token_types([1] * config.vocab_size)
     writer.add_eos_token_id(0)
-    names = get_tensor_name_map(MODEL_ARCH.QWEN2, 2)
+    names = get_tensor_name_map(MODEL_ARCH.QWEN2, config.num_hidden_layers)
     for name, param in model.state_dict().items():
         module, _, suffix = name.rpartition(".")
         values = param.detach().numpy().astype(np.float32)
@@ -71,9 +60,9 @@ def _write_gguf(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def gguf_file(tmp_path_factory: pytest.TempPathFactory, tiny_qwen) -> Path:
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    _write_gguf(path)
+    _write_gguf(path, tiny_qwen(0))
     return path
 
 
