@@ -19,6 +19,7 @@ COPY eval eval
 COPY keys keys
 COPY api api
 COPY cli cli
+COPY integrations integrations
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:${PYTHON_VERSION}-slim-bookworm
