@@ -98,8 +98,7 @@ def _ascii_fold() -> dict[str, str]:
     from confusable_homoglyphs.confusables import confusables_data
 
     # The data links each character to its look-alikes (both ways); a connected class may hold
-    # several ASCII characters ("l", "I", "1", "|"): `_pick` chooses by the look-alike's case,
-    # so Greek capital iota becomes "I", not "l".
+    # several ASCII characters ("l", "I", "1", "|"): `_pick` chooses.
     parent: dict[str, str] = {}
 
     def root(ch: str) -> str:
@@ -119,21 +118,21 @@ def _ascii_fold() -> dict[str, str]:
     for members in classes.values():
         candidates = sorted(m for m in members if m.isascii() and m.isalnum())
         if candidates:
-            fold.update({m: _pick(m, candidates) for m in members if not m.isascii()})
+            for m in members:
+                if not m.isascii():
+                    direct = [e["c"] for e in confusables_data.get(m, ()) if e["c"] in candidates]
+                    fold[m] = _pick(m, direct, candidates)
     return fold
 
 
-def _pick(look: str, candidates: list[str]) -> str:
-    name = unicodedata.name(look, "")
-    if "CAPITAL" in name:
-        preferred = [c for c in candidates if c.isupper()]
-    elif "SMALL" in name:
-        preferred = [c for c in candidates if c.islower()]
-    elif look.isdigit():
-        preferred = [c for c in candidates if c.isdigit()]
-    else:
-        preferred = []
-    return (preferred or candidates)[0]
+def _pick(look: str, direct: list[str], candidates: list[str]) -> str:
+    """The ASCII character `look` stands for: its own prototype in the data if the case agrees,
+    else a character of its class in the same case (Greek capital iota: "I", not "l")."""
+    for pool in (direct, candidates):
+        same_case = [c for c in pool if c.islower() == look.islower() and c.isupper() == look.isupper()]
+        if same_case:
+            return same_case[0]
+    return (direct or candidates)[0]
 
 
 def _clusters(text: str) -> list[tuple[int, int]]:
