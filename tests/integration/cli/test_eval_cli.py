@@ -91,6 +91,7 @@ def test_eval_writes_rows_tables_and_plots_and_resumes(dirs, tmp_path):
         "### L = 1",
         "## Multi-draft: MPFR vs GLS (Table 1 shape)",
         "## TPR at 1% FPR vs evaluated tokens",
+        "### TPR at an empirical 1% threshold (calibrated on the 8 unwatermarked texts of this run)",
         "## Calibration under H0",
         "## mse-pseudo detector: tau",
         "## Hu & Huang's pooled conventions",
