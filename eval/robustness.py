@@ -39,7 +39,8 @@ class AttackRow:
         row_id: the generation (results.jsonl row) the text came from.
         method, keyed: that generation's method and whether it carries the watermark.
         attack, level: the attack's name and level (none, char, word, span).
-        tokens: the answer's tokens before the attack (its first T tokens, or all if fewer).
+        tokens: the length T the answer was cut to before the attack (a shorter answer is
+            used whole).
         text: the attacked text.
         n_tokens, n_scored: tokens and scored positions the detector read.
         log_p: ln of the decision p-value (span attacks: whole document and window search).
@@ -92,10 +93,8 @@ def attack_rows(
     localizer = Localizer(detector)
     out = []
     for row in rows:
-        for tokens in sorted({min(t, row.n_tokens) for t in lengths}):
-            if tokens == 0:
-                continue
-            text = decode(row.token_ids[:tokens])
+        for tokens in sorted(set(lengths)):
+            text = decode(row.token_ids[:tokens])  # an answer shorter than T is used whole
             for name in attacks:
                 edited = attacked(name, text, seed=seed, doc=f"{row.row_id}/{tokens}")
                 out.append(_detect(row, name, tokens, edited, detector, raw, localizer))
