@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wmark.contexts import prefix_positions, scored_positions
-from wmark.detector.normalize import NormalizedText, text_variants
+from wmark.detector.normalize import NormalizedText, reading_texts, text_variants
 from wmark.detector.result import Detection, KeyResult, TokenEvidence, Verdict
 from wmark.detector.tokenize import TextTokenizer
 from wmark.errors import InputError, InsufficientTextError, TokenizerError
@@ -309,18 +309,18 @@ class Detector:
         if text is None:
             return Encodings(ids=Encoding(check_token_ids(token_ids)))
         check_text(text)
-        variants = text_variants(text) if self.normalize and readings else [NormalizedText.identity(text)]
+        normalizing = self.normalize and readings
         by_sha = {}
         for sha in self._shas:
             tok = self.tokenizer(sha)
             encodings: list[Encoding] = []
-            for variant in variants:
-                if with_offsets:
+            if with_offsets:
+                for variant in text_variants(text) if normalizing else [NormalizedText.identity(text)]:
                     ids, offsets = tok.encode_with_offsets(variant.text)
-                    encoding = Encoding(ids, variant.map_offsets(offsets))
-                else:
-                    encoding = Encoding(tok.encode(variant.text))
-                encodings.append(encoding)
+                    encodings.append(Encoding(ids, variant.map_offsets(offsets)))
+            else:
+                texts = reading_texts(text) if normalizing else [text]
+                encodings = [Encoding(tok.encode(t)) for t in texts]
             by_sha[sha] = _distinct(encodings)
         return Encodings(by_sha)
 
@@ -329,8 +329,8 @@ class Detector:
 
         No checks: see `check_text`.
         """
-        variants = [text_variants(t) if self.normalize else [] for t in texts]
-        flat = list(texts) + [v.text for vs in variants for v in vs[1:]]
+        variants = [reading_texts(t) if self.normalize else [] for t in texts]
+        flat = list(texts) + [v for vs in variants for v in vs[1:]]
         batches = {sha: self.tokenizer(sha).encode_batch(flat) for sha in self._shas}
         out, extra = [], len(texts)
         for i, vs in enumerate(variants):

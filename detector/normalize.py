@@ -29,7 +29,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["NormalizedText", "normalize", "text_variants"]
+__all__ = ["NormalizedText", "canonical_text", "normalize", "reading_texts", "text_variants"]
 
 _LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 # Hangul fillers and the combining grapheme joiner render as nothing but are not category Cf.
@@ -37,6 +37,14 @@ _INVISIBLE = frozenset("\u034f\u115f\u1160\u3164\uffa0")
 _SENTENCE_START = re.compile(r"(^|[.!?]\s+|\n\s*)([a-z])")
 _LONE_I = re.compile(r"\bi\b")
 _LOWER_SENTENCE = re.compile(r"[a-z][.!?] +[a-z]")
+_WORDS = re.compile(r"[^\W\d_]+")
+_OTHER_BREAKS = re.compile(r"[\r\x0b\x0c\x1c-\x1e]")
+_TRAILING_RUN = re.compile(r"(?<=\S)[^\S\n]+(?=\n|\Z)")
+_INNER_RUN = re.compile(r"(?<=\S)[^\S\n]+(?=\S)")
+# ASCII text that normalisation could change: a line break other than LF, spaces before a line
+# break or at the end, or a run inside a line that is not one space (may over-match: then the
+# slow path runs and finds nothing to change).
+_ASCII_CHANGES = re.compile(r"[\r\x0b\x0c\x1c-\x1e]|[^\S\n]+(?:\n|\Z)|(?<=\S)(?: [^\S\n]+|[^\S\n ])")
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,21 @@ def normalize(text: str) -> NormalizedText:
     Returns:
         The canonical text; `NormalizedText.source_span` maps its character spans back.
     """
+    if text.isascii() and not _ASCII_CHANGES.search(text):
+        return NormalizedText.identity(text)  # the common case, at C speed
+    return _canonical(text)
+
+
+def canonical_text(text: str) -> str:
+    """`normalize(text).text` without the character map (ASCII text at C speed)."""
+    if not text.isascii():
+        return _canonical(text).text
+    # ASCII: no format characters, NFKC and the fold change nothing; only whitespace remains
+    text = _OTHER_BREAKS.sub("\n", text.replace("\r\n", "\n"))
+    return _INNER_RUN.sub(" ", _TRAILING_RUN.sub("", text))
+
+
+def _canonical(text: str) -> NormalizedText:
     fold = _ascii_fold()
     chars: list[str] = []
     starts: list[int] = []
@@ -194,30 +217,40 @@ def normalize(text: str) -> NormalizedText:
     return NormalizedText("".join(chars), tuple(starts), tuple(ends), len(text))
 
 
-def _sentence_case(norm: NormalizedText) -> NormalizedText | None:
+def _sentence_case(text: str) -> str | None:
     """A sentence-case reading of a text written in one case throughout, else None.
 
     Generated prose is lower case with capitals at sentence starts; a text whose letters are
     all upper case, all lower case, or whose words all start with a capital (title case) was
-    most likely recased, and this reading recovers most of its tokens.
+    most likely recased, and this reading recovers most of its tokens. The reading has the
+    text's length, character for character, so the text's character map serves it too.
     """
-    letters = [c for c in norm.text if c.isalpha() and c.lower() != c.upper()]
-    words = re.findall(r"[^\W\d_]+", norm.text)
-    if len(letters) < 20 or len(words) < 5:
-        return None
-    all_upper = all(c.isupper() for c in letters)
+    all_upper = text.isupper()  # str methods: every cased character, at C speed
     # lower case throughout is also how code and identifiers look: only prose, whose sentences
     # then start in lower case, gets the reading
-    all_lower = all(c.islower() for c in letters) and len(_LOWER_SENTENCE.findall(norm.text)) >= 2
-    title = sum(w[0].isupper() for w in words) >= 0.9 * len(words)
-    if not (all_upper or all_lower or title):
+    all_lower = text.islower() and len(_LOWER_SENTENCE.findall(text)) >= 2
+    words = _WORDS.findall(text)
+    if len(words) < 5:
         return None
-    lowered = norm.text.lower()
-    if len(lowered) != len(norm.text):
+    title = sum(w[0].isupper() for w in words) >= 0.9 * len(words)
+    if not (all_upper or all_lower or title) or sum(map(len, words)) < 20:
+        return None
+    lowered = text.lower()
+    if len(lowered) != len(text):
         return None  # a case mapping that changes length ("İ"): no character map, no reading
     recased = _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2).upper(), lowered)
-    recased = _LONE_I.sub("I", recased)
-    return NormalizedText(recased, norm.starts, norm.ends, norm.original_length)
+    return _LONE_I.sub("I", recased)
+
+
+def reading_texts(text: str) -> list[str]:
+    """The texts of `text_variants(text)`, without character maps (what detection without
+    offsets needs; ASCII text at C speed)."""
+    out = [text]
+    canonical = canonical_text(text)
+    for candidate in (canonical, _sentence_case(canonical)):
+        if candidate is not None and candidate not in out:
+            out.append(candidate)
+    return out
 
 
 def text_variants(text: str) -> list[NormalizedText]:
@@ -227,11 +260,14 @@ def text_variants(text: str) -> list[NormalizedText]:
     throughout, its sentence-case reading. A reading equal to an earlier one is dropped, so
     ordinary text has one reading and pays no correction.
     """
-    raw = NormalizedText.identity(text)
-    out = [raw]
+    out = [NormalizedText.identity(text)]
     canonical = normalize(text)
-    recased = _sentence_case(canonical)
-    for candidate in (canonical, recased):
-        if candidate is not None and all(candidate.text != seen.text for seen in out):
+    recased = _sentence_case(canonical.text)
+    candidates = [canonical]
+    if recased is not None:
+        same_map = (canonical.starts, canonical.ends, canonical.original_length)
+        candidates.append(NormalizedText(recased, *same_map))
+    for candidate in candidates:
+        if all(candidate.text != seen.text for seen in out):
             out.append(candidate)
     return out

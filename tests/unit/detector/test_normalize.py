@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 
+import numpy as np
 import pytest
 
 from wmark.detector.normalize import NormalizedText, normalize, text_variants
@@ -91,3 +92,24 @@ def test_mixed_case_prose_gets_no_sentence_case_reading() -> None:
 def test_lower_case_code_gets_no_sentence_case_reading() -> None:
     code = "def total(items):\n    return sum(item.price for item in items)\n\nprint(total(cart))\n"
     assert len(text_variants(code)) == 1
+
+
+def test_the_ascii_fast_path_never_skips_a_change() -> None:
+    from wmark.detector.normalize import _canonical
+
+    rng = np.random.default_rng(7)
+    alphabet = list("ab. \t\n\r\x0b\x1f")
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 12))))
+        assert normalize(text).text == _canonical(text).text, repr(text)
+
+
+def test_reading_texts_are_the_texts_of_the_readings() -> None:
+    from wmark.detector.normalize import reading_texts
+
+    rng = np.random.default_rng(8)
+    alphabet = list("ab. \t\n\r\x0b\x1fI\u00e9\u200b\u0430")
+    samples = ["".join(rng.choice(alphabet, size=int(rng.integers(1, 30)))) for _ in range(2000)]
+    samples += [CLEAN, CLEAN.upper(), CLEAN.replace(" ", "  "), "THE RIVER. IT FLOODS. I SEE IT NOW."]
+    for text in samples:
+        assert reading_texts(text) == [v.text for v in text_variants(text)], repr(text)
