@@ -137,8 +137,6 @@ def eval_cmd(
     from wmark.eval.session import EvalConfig, EvalInterrupted, EvalSession
 
     attack_names = parse_attacks(attacks) if attacks else []
-    if "paraphrase" in attack_names:
-        raise InputError("--attacks: the paraphrase attack is not wired into wmark eval yet")
     lengths = _ints("--attack-lengths", attack_lengths)
 
     config = EvalConfig(

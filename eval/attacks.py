@@ -2,9 +2,8 @@
 
 Character level (what a reader does not see, and recasing), word level (deletion, insertion,
 adjacent swap, WordNet synonyms), span level (the answer pasted into human text). Each attack
-is `apply(text, rng) -> text`; the same text and seed give the same result. The paraphrase
-attack needs a language model, so the caller supplies its `rewrite` function
-(`paraphrase_attack`). `ATTACKS` names every model-free attack for `wmark eval --attacks`.
+is `apply(text, rng) -> text`; the same text and seed give the same result. `ATTACKS` names
+every attack for `wmark eval --attacks`. A paraphrase by a language model is not among them.
 """
 
 from __future__ import annotations
@@ -24,18 +23,15 @@ from wmark.eval.lexicon import WordNet
 
 __all__ = [
     "ATTACKS",
-    "PARAPHRASE_PROMPT",
     "Attack",
     "attack_names",
     "attacked",
-    "paraphrase_attack",
     "parse_attacks",
 ]
 
-Level = Literal["none", "char", "word", "span", "paraphrase"]
+Level = Literal["none", "char", "word", "span"]
 Transform = Callable[[str, np.random.Generator], str]
 
-PARAPHRASE_PROMPT = "Rewrite this text in your own words. Keep its meaning and length.\n\n{text}"
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
 
 
@@ -45,7 +41,7 @@ class Attack:
 
     Attributes:
         name: how runs and tables call it ("homoglyph-20", "delete-10", "paste-25").
-        level: char, word, span, paraphrase, or none (the unattacked text).
+        level: char, word, span, or none (the unattacked text).
         apply: (text, rng) -> attacked text.
         share: for span attacks, the share of the document the watermarked text makes up.
     """
@@ -297,18 +293,6 @@ def paste_into(share: float, human: Callable[[], Sequence[str]]) -> Transform:
     return apply
 
 
-def paraphrase_attack(rewrite: Callable[[str], str]) -> Attack:
-    """The text rewritten by a language model (`rewrite(prompt) -> completion`), unwatermarked.
-
-    The prompt is `PARAPHRASE_PROMPT`; the caller's model decides what "your own words" means.
-    """
-    return Attack(
-        "paraphrase",
-        "paraphrase",
-        lambda text, rng: rewrite(PARAPHRASE_PROMPT.format(text=text)),  # noqa: ARG005
-    )
-
-
 # -- the catalogue ------------------------------------------------------------------------------
 
 
@@ -375,14 +359,13 @@ def attacked(name: str, text: str, *, seed: int, doc: str) -> str:
 
 def attack_names() -> list[str]:
     """Every attack name and group name `parse_attacks` accepts."""
-    return [*ATTACKS, *_GROUPS, "all", "paraphrase"]
+    return [*ATTACKS, *_GROUPS, "all"]
 
 
 def parse_attacks(spec: str) -> list[str]:
     """Attack names from a comma-separated list of names and groups (char, word, span, all).
 
-    "none" (the unattacked text) always comes first; "paraphrase" is kept as a name for the
-    caller, which owns the model.
+    "none" (the unattacked text) always comes first.
 
     Raises:
         InputError: an unknown name.
@@ -393,7 +376,7 @@ def parse_attacks(spec: str) -> list[str]:
             expanded = [n for names_ in _GROUPS.values() for n in names_]
         elif part in _GROUPS:
             expanded = _GROUPS[part]
-        elif part in ATTACKS or part == "paraphrase":
+        elif part in ATTACKS:
             expanded = [part]
         else:
             raise InputError(f"unknown attack {part!r}; known: {', '.join(attack_names())}")
