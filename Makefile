@@ -34,7 +34,15 @@ $(CHROMIUM):
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
 	else echo "note: $(CHROMIUM) is missing and cannot be installed here: browser tests will skip"; fi
 
-test: dev $(CHROMIUM)  ## the test suite (slow real-model checks excluded; see test-slow)
+# The synonym attack (wmark eval --attacks) reads WordNet 3.0's database as Debian ships it.
+WORDNET ?= /usr/share/wordnet/index.noun
+$(WORDNET):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's wordnet-base for the synonym attack"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wordnet-base >/dev/null; \
+	else echo "note: $(WORDNET) is missing and cannot be installed here: the synonym attack test will skip"; fi
+
+test: dev $(CHROMIUM) $(WORDNET)  ## the test suite (slow real-model checks excluded; see test-slow)
 	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 test-slow: dev  ## real-model checks on the embedded pair (CPU: tens of minutes)

@@ -111,6 +111,17 @@ def eval_cmd(
         bool, typer.Option(help="Rebuild summary.md and plots from results.jsonl only.")
     ] = False,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG figures.")] = True,
+    attacks: Annotated[
+        str | None,
+        typer.Option(
+            help="Attack the answers and detect them (attacks.jsonl, attacks.md, attacks.png): names or "
+            "groups char, word, span, all, comma-separated."
+        ),
+    ] = None,
+    attack_lengths: Annotated[
+        str, typer.Option(help="Answer lengths (tokens) the attacks are measured at.")
+    ] = ("50,100,200"),
+    attack_seed: Annotated[int, typer.Option(help="Seed of the attacks' random edits.")] = 0,
 ) -> None:
     """Evaluate methods side by side: AATPS, ANLPPT, TPR at 1% FPR, LPPL, ROUGE-L; tables and plots.
 
@@ -120,8 +131,13 @@ def eval_cmd(
       wmark eval --out runs/paper --lookahead 1,2,3,4 --drafts 2,4,6,8
       wmark eval --out runs/drafters --methods pfr,mpfr,mse,mse-pseudo --lookahead 4 --drafts 4 \\
           --drafter embedded,target --draft-temperature 1,0.5,1.5
+      wmark eval --out runs/robust --methods pfr,pfr-nowm --lookahead 4 --max-new-tokens 200 --attacks all
     """
+    from wmark.eval.attacks import parse_attacks
     from wmark.eval.session import EvalConfig, EvalInterrupted, EvalSession
+
+    attack_names = parse_attacks(attacks) if attacks else []
+    lengths = _ints("--attack-lengths", attack_lengths)
 
     config = EvalConfig(
         out=out,
@@ -160,6 +176,8 @@ def eval_cmd(
             )
             raise typer.Exit(130) from None
     written = session.write_outputs(rows, plots=plots)
+    if attack_names:
+        written += session.write_attacks(rows, attack_names, lengths=lengths, seed=attack_seed, plots=plots)
     err_console.print(
         f"{len(rows)} rows in {escape(str(session.results.path))}; wrote "
         + ", ".join(p.name for p in written)

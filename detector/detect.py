@@ -4,10 +4,14 @@ Pure numpy after tokenisation: no model weights. Several keys are tested at once
 correction, so a text is flagged only if the family-wise error over all keys stays at alpha.
 A key of one of vLLM's native schemes is tested the same way (`KeyScorer`), with vLLM's PRF,
 contexts and score (`wmark.vllm_gumbel`).
+A text is read as submitted and, where they differ, in its canonical forms (`normalize`): each
+key's p-value is the smallest over the m readings times m (Bonferroni), so invisible edits cost
+the watermark nothing while the error over readings stays at alpha.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wmark.contexts import prefix_positions, scored_positions
+from wmark.detector.normalize import NormalizedText, reading_texts, text_variants
 from wmark.detector.result import Detection, KeyResult, TokenEvidence, Verdict
 from wmark.detector.tokenize import TextTokenizer
 from wmark.errors import InputError, InsufficientTextError, TokenizerError
@@ -166,34 +171,61 @@ def check_vocabulary(ids: npt.NDArray[np.uint32], key: KeyMaterial) -> None:
 
 @dataclass(frozen=True)
 class Encoding:
-    """A text's token IDs under one tokenizer, with each token's character span when asked for."""
+    """A text's token IDs under one tokenizer, with each token's character span when asked for.
+
+    Offsets are spans of the submitted text, also for a canonical reading of it.
+    """
 
     ids: npt.NDArray[np.uint32]
     offsets: list[tuple[int, int]] | None = None
 
 
 class Encodings:
-    """One input as every key reads it: tokenised once per distinct tokenizer, or raw token IDs."""
+    """One input as every key reads it: tokenised once per distinct tokenizer, or raw token IDs.
 
-    def __init__(self, by_tokenizer: Mapping[str, Encoding] | None = None, ids: Encoding | None = None):
-        self._by_tokenizer = dict(by_tokenizer or {})
+    Per tokenizer, the first encoding is the submitted text's; the others (if any) are its
+    canonical readings, each with token IDs different from all before it.
+    """
+
+    def __init__(
+        self, by_tokenizer: Mapping[str, Sequence[Encoding]] | None = None, ids: Encoding | None = None
+    ):
+        self._by_tokenizer = {sha: tuple(encs) for sha, encs in (by_tokenizer or {}).items()}
         self._ids = ids
 
     def for_key(self, key: KeyMaterial) -> Encoding:
-        """The encoding `key` scores: its tokenizer's, or the raw IDs."""
-        found = self._by_tokenizer.get(key.spec.tokenizer.sha256, self._ids)
-        if found is None:
+        """The encoding of the submitted input that `key` scores: its tokenizer's, or the raw IDs."""
+        return self.readings(key)[0]
+
+    def readings(self, key: KeyMaterial) -> tuple[Encoding, ...]:
+        """Every reading `key` scores: the submitted text's encoding first."""
+        found = self._by_tokenizer.get(key.spec.tokenizer.sha256)
+        if found is not None:
+            return found
+        if self._ids is None:
             raise TokenizerError(f"the input was not tokenised with key {key.key_id}'s tokenizer")
-        return found
+        return (self._ids,)
 
 
 @dataclass(frozen=True)
 class KeyScore:
-    """One key's evidence on one input: its scored positions, pivots and exact Aaronson test."""
+    """One key's evidence on one input: its scored positions, pivots and exact Aaronson test.
+
+    Attributes:
+        key: the key.
+        pivots: scored positions and pivots of the reading the test reports.
+        test: that reading's exact test; its log p-value is corrected for the readings tried.
+        encoding: that reading's tokens (offsets into the submitted text).
+        reading: its index among the readings (0: the text as submitted).
+        n_readings: the readings tried, the Bonferroni factor in `test.log_p`.
+    """
 
     key: KeyMaterial
     pivots: KeyPivots
     test: ScoreResult
+    encoding: Encoding
+    reading: int = 0
+    n_readings: int = 1
 
     @property
     def enough(self) -> bool:
@@ -214,6 +246,8 @@ class Detector:
         tokenizers: tokenizer.json bytes by SHA-256, as a mapping or a lookup function. Only
             needed for text input.
         threads: threads for pivots of long texts.
+        normalize: also test the canonical readings of a text (`wmark.detector.normalize`);
+            False tests the text exactly as submitted.
     """
 
     def __init__(
@@ -222,6 +256,7 @@ class Detector:
         tokenizers: Mapping[str, bytes] | TokenizerLookup | None = None,
         *,
         threads: int = 1,
+        normalize: bool = True,
     ) -> None:
         if not keys:
             raise InputError("no keys to detect with: create one with `wmark keys create NAME`")
@@ -231,6 +266,7 @@ class Detector:
         self._lookup = tokenizers
         self._tokenizers: dict[str, TextTokenizer] = {}
         self.threads = threads
+        self.normalize = normalize
 
     def tokenizer(self, sha256: str) -> TextTokenizer:
         """The tokenizer with this SHA-256 (loaded once)."""
@@ -255,8 +291,13 @@ class Detector:
         *,
         token_ids: Sequence[int] | npt.NDArray[np.integer] | None = None,
         with_offsets: bool = False,
+        readings: bool = True,
     ) -> Encodings:
         """Check one input (exactly one of text and token_ids) and tokenise it for every key.
+
+        With `readings` (and the detector's `normalize`), a text's canonical readings are
+        tokenised too; pass False when positions must match the submitted text's tokens (a
+        prompt in front, `start` > 0).
 
         Raises:
             InsufficientTextError: empty text or token list.
@@ -268,18 +309,36 @@ class Detector:
         if text is None:
             return Encodings(ids=Encoding(check_token_ids(token_ids)))
         check_text(text)
+        normalizing = self.normalize and readings
         by_sha = {}
         for sha in self._shas:
             tok = self.tokenizer(sha)
-            by_sha[sha] = (
-                Encoding(*tok.encode_with_offsets(text)) if with_offsets else Encoding(tok.encode(text))
-            )
+            encodings: list[Encoding] = []
+            if with_offsets:
+                for variant in text_variants(text) if normalizing else [NormalizedText.identity(text)]:
+                    ids, offsets = tok.encode_with_offsets(variant.text)
+                    encodings.append(Encoding(ids, variant.map_offsets(offsets)))
+            else:
+                texts = reading_texts(text) if normalizing else [text]
+                encodings = [Encoding(tok.encode(t)) for t in texts]
+            by_sha[sha] = _distinct(encodings)
         return Encodings(by_sha)
 
     def encode_many(self, texts: Sequence[str]) -> list[Encodings]:
-        """Tokenise many texts in one parallel batch per tokenizer (no checks: see `check_text`)."""
-        batches = {sha: self.tokenizer(sha).encode_batch(texts) for sha in self._shas}
-        return [Encodings({sha: Encoding(batches[sha][i]) for sha in self._shas}) for i in range(len(texts))]
+        """Tokenise many texts (and their canonical readings) in one parallel batch per tokenizer.
+
+        No checks: see `check_text`.
+        """
+        variants = [reading_texts(t) if self.normalize else [] for t in texts]
+        flat = list(texts) + [v for vs in variants for v in vs[1:]]
+        batches = {sha: self.tokenizer(sha).encode_batch(flat) for sha in self._shas}
+        out, extra = [], len(texts)
+        for i, vs in enumerate(variants):
+            rows = [i, *range(extra, extra + max(0, len(vs) - 1))]
+            extra += max(0, len(vs) - 1)
+            by_sha = {sha: _distinct([Encoding(batches[sha][r]) for r in rows]) for sha in self._shas}
+            out.append(Encodings(by_sha))
+        return out
 
     def score_keys(self, encodings: Encodings, *, start: int = 0) -> list[KeyScore]:
         """Every key's scored positions, pivots and exact test on one input.
@@ -290,11 +349,18 @@ class Detector:
         """
         out = []
         for key in self.keys:
-            ids = encodings.for_key(key).ids
-            check_vocabulary(ids, key)
+            readings = encodings.readings(key)
             scorer = self.scorers[key.key_id]
-            kp = scorer.pivots(ids, start=start, threads=self.threads)
-            out.append(KeyScore(key, kp, scorer.test(kp)))
+            tried = []
+            for index, encoding in enumerate(readings):
+                check_vocabulary(encoding.ids, key)
+                kp = scorer.pivots(encoding.ids, start=start, threads=self.threads)
+                tried.append(KeyScore(key, kp, scorer.test(kp), encoding, index, len(readings)))
+            best = min(tried, key=lambda s: s.test.log_p)  # the submitted text wins ties
+            if best.n_readings > 1:  # Bonferroni over the readings
+                log_p = min(0.0, best.test.log_p + math.log(best.n_readings))
+                best = dataclasses.replace(best, test=dataclasses.replace(best.test, log_p=log_p))
+            out.append(best)
         return out
 
     def detect(
@@ -324,7 +390,7 @@ class Detector:
             TokenizerError: a key's tokenizer is missing, or token IDs exceed its vocabulary.
         """
         check_alpha(alpha)
-        encodings = self.encode(text, token_ids=token_ids, with_offsets=return_tokens)
+        encodings = self.encode(text, token_ids=token_ids, with_offsets=return_tokens, readings=start == 0)
         return self._detection(
             encodings, alpha=alpha, start=start, return_tokens=return_tokens, source=source
         )
@@ -370,21 +436,29 @@ class Detector:
             for s, adj in zip(scored, adjusted, strict=True)
         )
         chosen = scored[best]
-        enc = encodings.for_key(chosen.key)
         return Detection(
             verdict=verdict,
             p_value=math.exp(adjusted[best]),
             log_p=adjusted[best],
             score=chosen.test.score,
             n_scored=chosen.test.n,
-            n_tokens=len(enc.ids),
+            n_tokens=len(chosen.encoding.ids),
             key_id=chosen.key.key_id,
             spec_version=chosen.key.spec.spec_version,
             alpha=alpha,
             keys=results,
-            tokens=_token_evidence(enc, chosen.pivots) if return_tokens else None,
+            tokens=_token_evidence(chosen.encoding, chosen.pivots) if return_tokens else None,
             source=source,
         )
+
+
+def _distinct(encodings: Sequence[Encoding]) -> tuple[Encoding, ...]:
+    """The encodings whose token IDs differ from every earlier one (the first always kept)."""
+    out: list[Encoding] = []
+    for enc in encodings:
+        if all(not np.array_equal(enc.ids, seen.ids) for seen in out):
+            out.append(enc)
+    return tuple(out)
 
 
 def _token_evidence(enc: Encoding, kp: KeyPivots) -> tuple[TokenEvidence, ...]:

@@ -39,7 +39,6 @@ from wmark.detector.detect import (
 )
 from wmark.detector.result import Verdict
 from wmark.errors import InputError, WmarkError
-from wmark.keymaterial import KeyMaterial
 
 __all__ = ["KeyLocalization", "Localization", "Localizer", "Window", "window_family"]
 
@@ -262,7 +261,7 @@ class Localizer:
         chosen = scored[best]
         window = chosen.window
         if window is not None and text is not None and verdict == "watermarked":
-            window = self._with_chars(window, text, chosen.whole.key)
+            window = self._with_chars(window, text, chosen.whole)
         keys = tuple(
             KeyLocalization(
                 key_id=s.whole.key.key_id,
@@ -282,7 +281,7 @@ class Localizer:
             whole_p_value=math.exp(whole_adjusted[best]),
             whole_log_p=whole_adjusted[best],
             key_id=chosen.whole.key.key_id,
-            n_tokens=len(encodings.for_key(chosen.whole.key).ids),
+            n_tokens=len(chosen.whole.encoding.ids),
             n_scored=chosen.whole.test.n,
             window=window,
             alpha=alpha,
@@ -309,8 +308,9 @@ class Localizer:
         log_q = self.detector.scorers[whole.key.key_id].log_p_many(lengths, scores)
         best = int(np.argmin(log_q))
         n_windows = len(starts)
-        # this key's windows share alpha / 2: Bonferroni factor 2 W
-        corrected = min(0.0, math.log(2.0 * n_windows) + float(log_q[best]))
+        # this key's windows share alpha / 2: Bonferroni factor 2 W, times the readings tried
+        # (`whole.test.log_p` already carries that factor)
+        corrected = min(0.0, math.log(2.0 * n_windows * whole.n_readings) + float(log_q[best]))
         first, last = int(starts[best]), int(ends[best]) - 1
         return Window(
             start=int(kp.positions[first]),
@@ -324,8 +324,10 @@ class Localizer:
             n_windows=n_windows,
         )
 
-    def _with_chars(self, window: Window, text: str, key: KeyMaterial) -> Window:
-        _, offsets = self.detector.tokenizer(key.spec.tokenizer.sha256).encode_with_offsets(text)
+    def _with_chars(self, window: Window, text: str, whole: KeyScore) -> Window:
+        # the window's tokens are those of the reading the key's test reports
+        encoding = self.detector.encode(text, with_offsets=True).readings(whole.key)[whole.reading]
+        offsets = encoding.offsets or []
         return Window(
             **{
                 **asdict(window),

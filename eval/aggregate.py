@@ -48,9 +48,11 @@ __all__ = [
     "SettingKey",
     "ablation_groups",
     "calibration_other_keys",
+    "empirical_threshold",
     "group_rows",
     "group_stats",
     "is_default",
+    "row_log_p",
     "tau_fits",
     "text_drift",
     "tpr",
@@ -113,6 +115,24 @@ def tpr(rows: Sequence[EvalRow], tokens: int, *, k1_only: bool = False, alpha: f
         for r in rows
     ]
     return sum(hits) / len(hits) if hits else math.nan
+
+
+def row_log_p(row: EvalRow, tokens: int) -> float:
+    """ln p of a row's first `tokens` generated tokens under the watermark key's pivots."""
+    return log_p_at(row.scored_positions, detector_pivots(row, k1_only=False), tokens)[0]
+
+
+def empirical_threshold(negative_log_ps: Sequence[float], alpha: float = ALPHA) -> float:
+    """The ln p threshold calibrated on unwatermarked texts, as the paper's figures calibrate it.
+
+    A text is detected when its ln p is *below* the threshold; the threshold is the (k+1)-th
+    smallest negative ln p with k = floor(alpha * n), so at most k of the n negatives (an
+    empirical FPR <= alpha) fall below it. NaN without negatives.
+    """
+    ordered = sorted(negative_log_ps)
+    if not ordered:
+        return math.nan
+    return ordered[int(math.floor(alpha * len(ordered)))]
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,13 @@ from wmark.eval.runner import RunInfo
 from wmark.eval.summary import headline_groups
 from wmark.generator.engine import METHODS
 
-__all__ = ["write_plots"]
+__all__ = ["pyplot", "write_plots"]
 
 _MARKERS = ("o", "v", "^", "s", "D", "P", "X", "*", "h")
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg back end, or a clear error without the `[eval]` extra."""
     try:
         import matplotlib
     except ImportError:
@@ -50,7 +51,7 @@ def _pyplot() -> Any:
 
 def write_plots(rows: Sequence[EvalRow], info: RunInfo, out: Path) -> list[Path]:
     """Write every figure the rows allow into `out`; returns the files written."""
-    plt = _pyplot()
+    plt = pyplot()
     default = [r for r in rows if is_default(r, info)]
     written = []
     for name, draw in (

@@ -12,12 +12,16 @@ how many new rows were saved; rerunning the same folder resumes after them.
 The key: a registry key (`config.key`, opened with `KeyRegistry.open()`, which reads the
 environment, and checked against the target's tokenizer), or a key derived from
 `config.key_seed`, reproducible without any registry.
+
+Attacks: `write_attacks()` edits every row's answer with the named attacks (`wmark.eval.attacks`)
+and detects the results (`wmark.eval.robustness`) into attacks.jsonl, attacks.md and attacks.png.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,6 +216,59 @@ class EvalSession:
             from wmark.eval.plots import write_plots  # matplotlib only when plots are wanted
 
             written += write_plots(rows, self.info, self.config.out)
+        return written
+
+    def write_attacks(
+        self,
+        rows: Sequence[EvalRow],
+        attacks: Sequence[str],
+        *,
+        lengths: Sequence[int],
+        seed: int,
+        plots: bool,
+    ) -> list[Path]:
+        """Attack every row's answer, detect it, and write attacks.jsonl, attacks.md (and attacks.png).
+
+        Detection needs the key and the target's tokenizer only, never the models.
+
+        Raises:
+            InputError: no rows yet, or the target's tokenizer cannot be read without the model.
+        """
+        from wmark.detector.tokenize import read_tokenizer_source
+        from wmark.eval.robustness import attack_rows, plot_attacks, render_attacks
+        from wmark.generator.embedded import embedded_tokenizer_json
+
+        if not rows or not self.info.spec:
+            raise InputError(f"{self.config.out}: no results yet; run without --summary-only first")
+        spec = WatermarkSpec.from_json(self.info.spec)
+        tokenizer_json, _ = read_tokenizer_source(self.config.target, embedded_tokenizer_json)
+        tokenizer = TextTokenizer(tokenizer_json, spec.tokenizer.name)
+        if tokenizer.sha256 != spec.tokenizer.sha256:
+            raise InputError(
+                f"{self.config.target}'s tokenizer is not the one {self.config.out} was made with"
+            )
+        if self.config.key is not None:
+            with KeyRegistry.open() as registry:
+                key = registry.material(self.config.key)
+        else:
+            assert self._secret is not None
+            key = KeyMaterial(key_id=self.info.key_id, secret=self._secret, spec=spec)
+        found = attack_rows(
+            rows,
+            attacks,
+            key=key,
+            tokenizer_json=tokenizer_json,
+            decode=tokenizer.decode,
+            lengths=lengths,
+            seed=seed,
+        )
+        jsonl = self.config.out / "attacks.jsonl"
+        jsonl.write_text("".join(json.dumps(r.to_json()) + "\n" for r in found))
+        table = self.config.out / "attacks.md"
+        table.write_text(render_attacks(found))
+        written = [jsonl, table]
+        if plots and (figure := plot_attacks(found, self.config.out)) is not None:
+            written.append(figure)
         return written
 
     def _generate(

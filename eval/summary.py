@@ -25,10 +25,12 @@ from wmark.eval.aggregate import (
     SettingKey,
     ablation_groups,
     calibration_other_keys,
+    empirical_threshold,
     group_rows,
     group_stats,
     is_default,
     method_rank,
+    row_log_p,
     tau_fits,
     text_drift,
     tpr,
@@ -219,6 +221,33 @@ def _tpr_curves(rows: Sequence[EvalRow], info: RunInfo) -> str:
             out.append(f"| {label} | {len(group)} | {cells} |")
     out.append(
         "\n† unwatermarked: the same detector and key; the rate is its empirical false-positive rate.\n"
+    )
+    return "\n".join(out) + _empirical_tpr(rows, tokens)
+
+
+def _empirical_tpr(rows: Sequence[EvalRow], tokens: list[int]) -> str:
+    """TPR at a threshold calibrated on the run's unwatermarked rows, beside the analytic one."""
+    negatives = [r for r in rows if not r.keyed]
+    if not negatives:
+        return ""
+    thresholds = {t: empirical_threshold([row_log_p(r, t) for r in negatives]) for t in tokens}
+    out = [
+        f"\n### TPR at an empirical {ALPHA:.0%} threshold (calibrated on the {len(negatives)} "
+        "unwatermarked texts of this run)\n",
+        "| method | n | " + " | ".join(f"T={t}" for t in tokens) + " |",
+        "|---|---" + "|---" * len(tokens) + "|",
+        "| threshold (log10 p) | | "
+        + " | ".join(f"{thresholds[t] / math.log(10):.2f}" for t in tokens)
+        + " |",
+    ]
+    for group in headline_groups([r for r in rows if r.keyed]):
+        cells = " | ".join(
+            _rate(sum(row_log_p(r, t) < thresholds[t] for r in group) / len(group)) for t in tokens
+        )
+        out.append(f"| {_label(group)} | {len(group)} | {cells} |")
+    out.append(
+        f"\nWith fewer than {1 / ALPHA:.0f} unwatermarked texts the threshold is the smallest of their "
+        "p-values (an empirical FPR of 0), coarser than the analytic Gamma threshold above.\n"
     )
     return "\n".join(out)
 

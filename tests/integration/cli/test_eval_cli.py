@@ -91,6 +91,7 @@ def test_eval_writes_rows_tables_and_plots_and_resumes(dirs, tmp_path):
         "### L = 1",
         "## Multi-draft: MPFR vs GLS (Table 1 shape)",
         "## TPR at 1% FPR vs evaluated tokens",
+        "### TPR at an empirical 1% threshold (calibrated on the 8 unwatermarked texts of this run)",
         "## Calibration under H0",
         "## mse-pseudo detector: tau",
         "## Hu & Huang's pooled conventions",
@@ -215,3 +216,34 @@ def test_resuming_with_other_run_settings_is_refused(dirs, tmp_path):
     assert result.exit_code == 2 and "max_new_tokens=16, not 20" in " ".join(result.output.split())
     empty = runner.invoke(app, [*_args(dirs, tmp_path / "empty"), "--summary-only"])
     assert empty.exit_code == 2 and "no results yet" in empty.output
+
+
+def test_attacks_write_rows_table_and_plot(dirs, tmp_path):
+    """Each answer (cut to 8 and 16 tokens) under each attack: a zero-width space after every
+    space costs at most the Bonferroni factor of two readings, and the unwatermarked rows are
+    attacked too (their FPR column)."""
+    import math
+
+    out = tmp_path / "robust"
+    attacks = "zero-width-100,homoglyph-100,delete-10,paste-50"
+    args = _args(dirs, out, "--methods", "pfr,pfr-nowm", "--lookahead", "1")
+    result = runner.invoke(app, [*args, "--attacks", attacks, "--attack-lengths", "8,16"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "attacks.jsonl").read_text().splitlines()]
+    # 2 prompts x 2 methods x 2 lengths x (none + 4 attacks)
+    assert len(rows) == 2 * 2 * 2 * 5
+    by = {(r["row_id"], r["tokens"], r["attack"]): r for r in rows}
+    for (row_id, tokens, attack), r in by.items():
+        if attack == "zero-width-100":
+            clean = by[(row_id, tokens, "none")]
+            # the better of the two readings (as submitted, canonical = the clean text), times 2
+            best = min(r["raw_log_p"], clean["log_p"])
+            assert math.isclose(r["log_p"], min(0.0, best + math.log(2)), rel_tol=1e-9, abs_tol=1e-12)
+            assert "\u200b" in r["text"]
+        if attack == "paste-50":
+            assert by[(row_id, tokens, "none")]["text"] in r["text"]
+    assert {r["keyed"] for r in rows} == {True, False}
+    table = (out / "attacks.md").read_text()
+    for name in ("| none |", "| zero-width-100 | char |", "| delete-10 | word |", "| paste-50 | span |"):
+        assert name in table
+    assert (out / "attacks.png").read_bytes()[:4] == b"\x89PNG"

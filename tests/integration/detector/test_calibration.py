@@ -65,3 +65,21 @@ def test_planted_watermark_in_the_production_vocabulary(calibration_key, planted
         ids = planted(calibration_key, 200, rng)
         result = Detector([calibration_key]).detect(token_ids=ids)
         assert result.verdict == "watermarked" and result.p_value < 1e-6
+
+
+def test_attacks_on_human_text_create_no_detection(embedded_tokenizer, calibration_key):
+    """Every character-level attack, one per document in turn, on 2,000 human documents: the
+    count of p < 0.01 stays in the same binomial interval (the readings' Bonferroni factor keeps
+    each document's p-value valid), and no document comes near a detection at 1e-6."""
+    from wmark.eval.attacks import ATTACKS, attacked
+
+    names = [a.name for a in ATTACKS.values() if a.level == "char"]
+    docs = system_corpus(N_DOCS)
+    texts = [attacked(names[i % len(names)], d.text, seed=0, doc=d.source) for i, d in enumerate(docs)]
+    tokenizers = {embedded_tokenizer.sha256: embedded_tokenizer_bytes(embedded_tokenizer)}
+    results = Detector([calibration_key], tokenizers).detect_many(texts, alpha=0.01)
+    p = np.array([r.p_value for r in results])
+    lo, hi = stats.binom.interval(0.99, N_DOCS, 0.01)
+    flagged = int(np.sum(p < 0.01))
+    assert lo <= flagged <= hi, f"{flagged} of {N_DOCS} below 0.01; 99% interval [{lo}, {hi}]"
+    assert p.min() >= 1e-6, f"an attacked human document reached p = {p.min():.2e}"

@@ -145,3 +145,15 @@ def test_fitted_tau_finds_where_the_evidence_is():
     assert sum(log_p_at(t.positions, t.u1, 24)[0] <= math.log(0.01) for t in texts) <= 3
     with pytest.raises(ValueError):
         cross_validate_tau(texts[:1], 24, 0.01)
+
+
+def test_empirical_threshold_admits_at_most_alpha_of_the_negatives():
+    from wmark.eval.aggregate import empirical_threshold
+
+    negatives = [-float(i) for i in range(250)]  # ln p = 0, -1, ..., -249
+    threshold = empirical_threshold(negatives, alpha=0.01)
+    # floor(0.01 * 250) = 2 negatives may fall strictly below: -249 and -248
+    assert threshold == -247.0
+    assert sum(n < threshold for n in negatives) == 2
+    assert empirical_threshold([-3.0, -1.0], alpha=0.01) == -3.0  # too few negatives: none may fall below
+    assert math.isnan(empirical_threshold([], alpha=0.01))

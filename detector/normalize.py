@@ -1,0 +1,273 @@
+"""Canonical text for detection: undo the edits a reader cannot see, keeping a map to the original.
+
+An attacker can change a text's tokens, and with them every context window, without changing
+what a reader sees: zero-width or other format characters, look-alike letters from another
+script (Cyrillic "а" for Latin "a"), compatibility forms (fullwidth letters, no-break spaces),
+decomposed accents, doubled spaces, CR LF line ends. `normalize` undoes these:
+
+1. format characters (Unicode category Cf: zero-width space and joiners, word joiner, BOM,
+   soft hyphen, bidi controls) and variation selectors are removed;
+2. NFKC, applied per cluster (a base character and the combining marks or Hangul jamo that
+   follow it), so every output character keeps the span of the characters it came from;
+3. a non-ASCII character that Unicode's confusables data (TR39, via `confusable_homoglyphs`)
+   lists as a look-alike of an ASCII letter or digit becomes that ASCII character (ASCII text
+   itself is never folded: "l", "I" and "1" stay apart);
+4. line breaks become "\\n", runs of spaces inside a line one space, spaces before a line
+   break or at the end nothing; indentation at the start of a line is kept (code).
+
+Normalisation also changes legitimately generated text that uses these characters (a Russian
+answer folded into Latin look-alikes), so the detector tests the raw text as well and corrects
+for the two tests (`Detector`). Case changes are not undone here: `text_variants` adds a
+sentence-case reading only for text written in one case throughout.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["NormalizedText", "canonical_text", "normalize", "reading_texts", "text_variants"]
+
+_LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+# Hangul fillers and the combining grapheme joiner render as nothing but are not category Cf.
+_INVISIBLE = frozenset("\u034f\u115f\u1160\u3164\uffa0")
+_SENTENCE_START = re.compile(r"(^|[.!?]\s+|\n\s*)([a-z])")
+_LONE_I = re.compile(r"\bi\b")
+_LOWER_SENTENCE = re.compile(r"[a-z][.!?] +[a-z]")
+_WORDS = re.compile(r"[^\W\d_]+")
+_OTHER_BREAKS = re.compile(r"[\r\x0b\x0c\x1c-\x1e]")
+_TRAILING_RUN = re.compile(r"(?<=\S)[^\S\n]+(?=\n|\Z)")
+_INNER_RUN = re.compile(r"(?<=\S)[^\S\n]+(?=\S)")
+# ASCII text that normalisation could change: a line break other than LF, spaces before a line
+# break or at the end, or a run inside a line that is not one space (may over-match: then the
+# slow path runs and finds nothing to change).
+_ASCII_CHANGES = re.compile(r"[\r\x0b\x0c\x1c-\x1e]|[^\S\n]+(?:\n|\Z)|(?<=\S)(?: [^\S\n]+|[^\S\n ])")
+
+
+@dataclass(frozen=True)
+class NormalizedText:
+    """A text derived from an original one, with each character's origin.
+
+    Attributes:
+        text: the derived text.
+        starts, ends: for each character of `text`, the span [start, end) of the original
+            characters it came from.
+        original_length: length of the original text.
+    """
+
+    text: str
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    original_length: int
+
+    @classmethod
+    def identity(cls, text: str) -> NormalizedText:
+        """The text itself, each character its own origin."""
+        return cls(text, tuple(range(len(text))), tuple(range(1, len(text) + 1)), len(text))
+
+    def source_span(self, start: int, end: int) -> tuple[int, int]:
+        """The span of the original text that characters [start, end) of `text` came from.
+
+        An empty span (a token that covers no whole character) maps to an empty span at the
+        original position of `start`.
+        """
+        n = len(self.text)
+        if start >= n:
+            return self.original_length, self.original_length
+        first = self.starts[start]
+        if end <= start:
+            return first, first
+        return first, max(first, self.ends[min(end, n) - 1])
+
+    def map_offsets(self, offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Token offsets in `text` mapped to offsets in the original text."""
+        return [self.source_span(s, e) for s, e in offsets]
+
+
+def _is_invisible(ch: str) -> bool:
+    if ch in _INVISIBLE or unicodedata.category(ch) == "Cf":
+        return True
+    cp = ord(ch)
+    return 0xFE00 <= cp <= 0xFE0F or 0xE0100 <= cp <= 0xE01EF  # variation selectors
+
+
+def _continues_cluster(ch: str) -> bool:
+    # Combining marks, and Hangul medial vowels / final consonants (NFD splits a syllable into
+    # jamo of combining class 0 that NFKC composes again).
+    return unicodedata.combining(ch) != 0 or 0x1160 <= ord(ch) <= 0x11FF
+
+
+@functools.cache
+def _ascii_fold() -> dict[str, str]:
+    """Non-ASCII character -> the ASCII letter or digit it is confusable with."""
+    from confusable_homoglyphs.confusables import confusables_data
+
+    # The data links each character to its look-alikes (both ways); a connected class may hold
+    # several ASCII characters ("l", "I", "1", "|"): `_pick` chooses.
+    parent: dict[str, str] = {}
+
+    def root(ch: str) -> str:
+        while parent.setdefault(ch, ch) != ch:
+            parent[ch] = parent[parent[ch]]
+            ch = parent[ch]
+        return ch
+
+    for ch, entries in confusables_data.items():
+        for entry in entries:
+            if len(ch) == 1 and len(entry["c"]) == 1:
+                parent[root(entry["c"])] = root(ch)
+    classes: dict[str, list[str]] = {}
+    for ch in parent:
+        classes.setdefault(root(ch), []).append(ch)
+    fold: dict[str, str] = {}
+    for members in classes.values():
+        candidates = sorted(m for m in members if m.isascii() and m.isalnum())
+        if candidates:
+            for m in members:
+                if not m.isascii():
+                    direct = [e["c"] for e in confusables_data.get(m, ()) if e["c"] in candidates]
+                    fold[m] = _pick(m, direct, candidates)
+    return fold
+
+
+def _pick(look: str, direct: list[str], candidates: list[str]) -> str:
+    """The ASCII character `look` stands for: its own prototype in the data if the case agrees,
+    else a character of its class in the same case (Greek capital iota: "I", not "l")."""
+    for pool in (direct, candidates):
+        same_case = [c for c in pool if c.islower() == look.islower() and c.isupper() == look.isupper()]
+        if same_case:
+            return same_case[0]
+    return (direct or candidates)[0]
+
+
+def _clusters(text: str) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    for i, ch in enumerate(text):
+        if _is_invisible(ch):
+            continue
+        if spans and _continues_cluster(ch) and spans[-1][1] == i:
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            spans.append((i, i + 1))
+    return spans
+
+
+def normalize(text: str) -> NormalizedText:
+    """The canonical form of `text` (see the module docstring), mapped to the original.
+
+    Args:
+        text: the submitted text.
+
+    Returns:
+        The canonical text; `NormalizedText.source_span` maps its character spans back.
+    """
+    if text.isascii() and not _ASCII_CHANGES.search(text):
+        return NormalizedText.identity(text)  # the common case, at C speed
+    return _canonical(text)
+
+
+def canonical_text(text: str) -> str:
+    """`normalize(text).text` without the character map (ASCII text at C speed)."""
+    if not text.isascii():
+        return _canonical(text).text
+    # ASCII: no format characters, NFKC and the fold change nothing; only whitespace remains
+    text = _OTHER_BREAKS.sub("\n", text.replace("\r\n", "\n"))
+    return _INNER_RUN.sub(" ", _TRAILING_RUN.sub("", text))
+
+
+def _canonical(text: str) -> NormalizedText:
+    fold = _ascii_fold()
+    chars: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+
+    def emit(ch: str, s: int, e: int) -> None:
+        chars.append(ch)
+        starts.append(s)
+        ends.append(e)
+
+    pending_space: tuple[int, int] | None = None  # a run of spaces inside a line, not yet written
+    at_line_start = True
+    for s, e in _clusters(text):
+        cluster = "".join(ch for ch in text[s:e] if not _is_invisible(ch))
+        if cluster == "\r" and e < len(text) and text[e] == "\n":
+            continue  # CR LF: the LF writes the break
+        for ch in unicodedata.normalize("NFKC", cluster):
+            ch = fold.get(ch, ch)
+            if ch in _LINE_BREAKS:
+                pending_space = None  # spaces before a line break go
+                emit("\n", s, e)
+                at_line_start = True
+            elif ch.isspace():
+                if at_line_start:
+                    emit(ch, s, e)  # indentation is kept as written
+                elif pending_space is None:
+                    pending_space = (s, e)
+                else:
+                    pending_space = (pending_space[0], e)
+            else:
+                if pending_space is not None:
+                    emit(" ", *pending_space)
+                    pending_space = None
+                emit(ch, s, e)
+                at_line_start = False
+    return NormalizedText("".join(chars), tuple(starts), tuple(ends), len(text))
+
+
+def _sentence_case(text: str) -> str | None:
+    """A sentence-case reading of a text written in one case throughout, else None.
+
+    Generated prose is lower case with capitals at sentence starts; a text whose letters are
+    all upper case, all lower case, or whose words all start with a capital (title case) was
+    most likely recased, and this reading recovers most of its tokens. The reading has the
+    text's length, character for character, so the text's character map serves it too.
+    """
+    all_upper = text.isupper()  # str methods: every cased character, at C speed
+    # lower case throughout is also how code and identifiers look: only prose, whose sentences
+    # then start in lower case, gets the reading
+    all_lower = text.islower() and len(_LOWER_SENTENCE.findall(text)) >= 2
+    words = _WORDS.findall(text)
+    if len(words) < 5:
+        return None
+    title = sum(w[0].isupper() for w in words) >= 0.9 * len(words)
+    if not (all_upper or all_lower or title) or sum(map(len, words)) < 20:
+        return None
+    lowered = text.lower()
+    if len(lowered) != len(text):
+        return None  # a case mapping that changes length ("İ"): no character map, no reading
+    recased = _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2).upper(), lowered)
+    return _LONE_I.sub("I", recased)
+
+
+def reading_texts(text: str) -> list[str]:
+    """The texts of `text_variants(text)`, without character maps (what detection without
+    offsets needs; ASCII text at C speed)."""
+    out = [text]
+    canonical = canonical_text(text)
+    for candidate in (canonical, _sentence_case(canonical)):
+        if candidate is not None and candidate not in out:
+            out.append(candidate)
+    return out
+
+
+def text_variants(text: str) -> list[NormalizedText]:
+    """The readings of `text` the detector tests: the text itself first, then distinct others.
+
+    The others are the canonical form (`normalize`) and, for text written in one case
+    throughout, its sentence-case reading. A reading equal to an earlier one is dropped, so
+    ordinary text has one reading and pays no correction.
+    """
+    out = [NormalizedText.identity(text)]
+    canonical = normalize(text)
+    recased = _sentence_case(canonical.text)
+    candidates = [canonical]
+    if recased is not None:
+        same_map = (canonical.starts, canonical.ends, canonical.original_length)
+        candidates.append(NormalizedText(recased, *same_map))
+    for candidate in candidates:
+        if all(candidate.text != seen.text for seen in out):
+            out.append(candidate)
+    return out
