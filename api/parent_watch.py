@@ -26,11 +26,17 @@ def watch_parent() -> threading.Event | None:
     """Start watching when this process is a worker of `wmark serve`; set the returned event to stop.
 
     Returns None in any other process (a single-process `wmark serve`, `uvicorn --factory`, tests).
+    A worker that starts after the server process died (its parent is already another process)
+    shuts down at once: it would otherwise serve on the port with nobody to stop it.
     """
     parent = os.environ.get(ENV, "")
-    if not parent.isdigit() or os.getppid() != int(parent):
+    if not parent.isdigit() or os.getpid() == int(parent):
         return None
     stop = threading.Event()
+    if os.getppid() != int(parent):
+        log.warning("the server process %s is gone: this worker shuts down", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return stop
 
     def run() -> None:
         while not stop.wait(_POLL_S):
