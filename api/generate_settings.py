@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from wmark.api.settings import _number
+from wmark.api.settings import env_number
 from wmark.errors import InputError
 
 __all__ = ["GenerationSettings"]
@@ -69,7 +69,7 @@ class GenerationSettings:
             return env.get(name, "").strip() or None
 
         def count(name: str, default: int, minimum: int) -> int:
-            value = _number(env, name, default, minimum=minimum)
+            value = env_number(env, name, default, minimum=minimum)
             if value != int(value):
                 raise InputError(f"{name} must be a whole number, got {env[name]!r}")
             return int(value)

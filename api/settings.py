@@ -19,7 +19,8 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
+def env_number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
+    """The number in variable `name` (`default` when unset or empty); InputError below `minimum`."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -91,16 +92,16 @@ class Settings:
         return cls(
             registry=RegistryConfig.from_env(env),
             migrate=_flag(env, "WMARK_API_MIGRATE", False),
-            max_body_bytes=int(_number(env, "WMARK_API_MAX_BODY_BYTES", 1 << 20, minimum=1024)),
-            body_timeout=_number(env, "WMARK_API_BODY_TIMEOUT", 10.0, minimum=0.1),
-            max_text_chars=int(_number(env, "WMARK_API_MAX_TEXT_CHARS", 100_000, minimum=1)),
-            max_request_chars=int(_number(env, "WMARK_API_MAX_REQUEST_CHARS", 200_000, minimum=1)),
-            max_response_tokens=int(_number(env, "WMARK_API_MAX_RESPONSE_TOKENS", 20_000, minimum=1)),
-            max_batch_items=int(_number(env, "WMARK_API_MAX_BATCH", 64, minimum=1)),
-            rate_per_second=_number(env, "WMARK_API_RATE", 20.0, minimum=0.001),
-            rate_burst=int(_number(env, "WMARK_API_BURST", 40, minimum=1)),
+            max_body_bytes=int(env_number(env, "WMARK_API_MAX_BODY_BYTES", 1 << 20, minimum=1024)),
+            body_timeout=env_number(env, "WMARK_API_BODY_TIMEOUT", 10.0, minimum=0.1),
+            max_text_chars=int(env_number(env, "WMARK_API_MAX_TEXT_CHARS", 100_000, minimum=1)),
+            max_request_chars=int(env_number(env, "WMARK_API_MAX_REQUEST_CHARS", 200_000, minimum=1)),
+            max_response_tokens=int(env_number(env, "WMARK_API_MAX_RESPONSE_TOKENS", 20_000, minimum=1)),
+            max_batch_items=int(env_number(env, "WMARK_API_MAX_BATCH", 64, minimum=1)),
+            rate_per_second=env_number(env, "WMARK_API_RATE", 20.0, minimum=0.001),
+            rate_burst=int(env_number(env, "WMARK_API_BURST", 40, minimum=1)),
             redis_url=env.get("WMARK_REDIS_URL") or None,
-            auth_fail_per_second=_number(env, "WMARK_API_AUTH_FAIL_RATE", 1.0, minimum=0.001),
-            auth_fail_burst=int(_number(env, "WMARK_API_AUTH_FAIL_BURST", 20, minimum=1)),
+            auth_fail_per_second=env_number(env, "WMARK_API_AUTH_FAIL_RATE", 1.0, minimum=0.001),
+            auth_fail_burst=int(env_number(env, "WMARK_API_AUTH_FAIL_BURST", 20, minimum=1)),
             docs=_flag(env, "WMARK_API_DOCS", True),
         )
