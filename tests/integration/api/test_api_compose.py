@@ -53,7 +53,7 @@ def test_compose_config_passes_and_wires_the_services():
     done = _config(env=SECRETS)
     assert done.returncode == 0, done.stderr
     services = json.loads(done.stdout)["services"]
-    assert set(services) == {"db", "migrate", "api"}  # the generator only with the gpu profile
+    assert set(services) == {"db", "redis", "migrate", "api"}  # the generator only with the gpu profile
     assert "pg_isready" in " ".join(services["db"]["healthcheck"]["test"])
     assert services["migrate"]["command"] == ["wmark", "migrate"]
     assert services["migrate"]["depends_on"]["db"]["condition"] == "service_healthy"
@@ -63,6 +63,10 @@ def test_compose_config_passes_and_wires_the_services():
     assert "--no-migrate" in api["command"] and api["command"][:2] == ["wmark", "serve"]
     assert api["environment"]["WMARK_MASTER_KEY"] == SECRETS["WMARK_MASTER_KEY"]  # from the environment
     assert SECRETS["POSTGRES_PASSWORD"] in api["environment"]["WMARK_DATABASE_URL"]
+    # several workers: one rate per token only if they share the buckets (api/shared_limits.py)
+    assert api["environment"]["WMARK_REDIS_URL"] == "redis://redis:6379/0"
+    assert api["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert "redis-cli" in services["redis"]["healthcheck"]["test"]
 
     gpu = json.loads(_config("--profile", "gpu", env=SECRETS).stdout)["services"]["generator"]
     assert gpu["build"]["args"]["EXTRAS"] == "generate"
