@@ -27,9 +27,14 @@ TARGET_AS_DRAFTER = "target"
 
 
 def prompt_encoder(pair: ModelPair, *, chat: bool) -> Callable[[Prompt], list[int]]:
-    """Prompt -> token IDs: through the target's chat template, or (raw) its contents joined."""
+    """Prompt -> token IDs: through the target's chat template, or (raw) its contents joined.
+
+    A prompt marked `raw` (a plain-text template) is never put in the chat template.
+    """
 
     def encode(prompt: Prompt) -> list[int]:
+        if prompt.raw:  # a plain-text template: the model reads it exactly as written
+            return pair.encode_prompt(prompt.prompt or "", chat=False)
         if not chat:
             text = "\n\n".join(m["content"] for m in prompt.chat_messages())
             return pair.encode_prompt(text, chat=False)

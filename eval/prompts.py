@@ -10,7 +10,10 @@ The built-in sets (`BUILTIN_SETS`) were written for this project: ELI5-style que
 news-like passages to summarise (with reference summaries), and code tasks. The paper's data
 sets are read only from local copies (no download), in the usual formats (a `datasets`
 `save_to_disk` folder, the Hub's parquet files, CSV, JSONL), and turned into prompts with the
-paper's templates (docs/algorithms.md §9): `cnn_dailymail:PATH` and `eli5:PATH`.
+paper's templates (docs/algorithms.md §9): `cnn_dailymail:PATH` and `eli5:PATH`. CNN/DailyMail
+has two templates (`PROMPT_TEMPLATES`): "chat" (a system and a user message through the target's
+chat template) and "hu-huang" (Hu and Huang's plain-text System:/INPUT:/OUTPUT: prompt, sent
+without any chat template; docs/algorithms.md §12).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from wmark.errors import InputError
 
 __all__ = [
     "BUILTIN_SETS",
+    "PROMPT_TEMPLATES",
     "Prompt",
     "PromptSet",
     "cnn_dailymail_prompts",
@@ -51,6 +55,10 @@ ELI5_INSTRUCTION = "Please explain like I'm five:\n\n"
 CNN_MAX_ARTICLE_CHARS = 3000  # articles this long or longer are skipped
 CNN_ARTICLE_PREFIX = 1500  # the article is cut to this many characters in the prompt
 SHUFFLE_SEED = 42
+# Hu and Huang's summarisation prompt: plain text, the article cut to 1,000 characters.
+HU_HUANG_TEMPLATE = "System:Summarize the following article.\nINPUT:{article}\nOUTPUT:"
+HU_HUANG_ARTICLE_PREFIX = 1000
+PROMPT_TEMPLATES = ("chat", "hu-huang")
 _ROLES = frozenset({"system", "user", "assistant"})
 
 
@@ -63,17 +71,23 @@ class Prompt:
         messages: (role, content) pairs for the chat template, or None.
         prompt: a single user message, or None (exactly one of messages and prompt is set).
         reference: a reference answer (for ROUGE-L), if any.
+        raw: `prompt` is the model's input exactly as it is: no chat template even in a chat
+            run (a plain-text template such as Hu and Huang's).
     """
 
     id: str
     messages: tuple[tuple[str, str], ...] | None = None
     prompt: str | None = None
     reference: str | None = None
+    raw: bool = False
 
     @property
     def sha256(self) -> str:
         """Hash of the prompt's content (rows of a changed prompt are not reused)."""
-        data = json.dumps([self.messages, self.prompt, self.reference], ensure_ascii=False)
+        content: list[object] = [self.messages, self.prompt, self.reference]
+        if self.raw:  # appended only when set, so the hashes of existing runs' prompts stay the same
+            content.append("raw")
+        data = json.dumps(content, ensure_ascii=False)
         return hashlib.sha256(data.encode()).hexdigest()
 
     def chat_messages(self) -> list[dict[str, str]]:
@@ -150,18 +164,24 @@ def _prompt_from(data: Any, where: str) -> Prompt:
     return Prompt(str(pid), messages=tuple(pairs), reference=reference)
 
 
-def load_prompt_set(spec: str, *, limit: int | None = None) -> PromptSet:
+def load_prompt_set(spec: str, *, limit: int | None = None, template: str = "chat") -> PromptSet:
     """A built-in set name, `cnn_dailymail:PATH`, `eli5:PATH`, or a JSONL file.
 
     Args:
         spec: what to load.
         limit: keep the first `limit` prompts (of each built-in part, for "builtin").
+        template: a `PROMPT_TEMPLATES` name; "hu-huang" only for `cnn_dailymail:PATH` (the
+            template is a summarisation prompt; other sets bring their own text).
 
     Raises:
-        InputError: unknown set, unreadable or malformed file.
+        InputError: unknown set or template, unreadable or malformed file.
     """
     if limit is not None and limit < 1:
         raise InputError("--limit must be at least 1")
+    if template not in PROMPT_TEMPLATES:
+        raise InputError(f"unknown prompt template {template!r}; known: {', '.join(PROMPT_TEMPLATES)}")
+    if template != "chat" and not spec.startswith("cnn_dailymail:"):
+        raise InputError(f"--prompt-template {template} applies to cnn_dailymail:PATH prompts only")
     if spec in BUILTIN_SETS:
         prompts: list[Prompt] = []
         for part in BUILTIN_SETS[spec]:
@@ -170,8 +190,9 @@ def load_prompt_set(spec: str, *, limit: int | None = None) -> PromptSet:
         return PromptSet(spec, tuple(prompts))
     kind, _, location = spec.partition(":")
     if kind in ("cnn_dailymail", "eli5") and location:
-        loader = cnn_dailymail_prompts if kind == "cnn_dailymail" else eli5_prompts
-        return PromptSet(spec, loader(Path(location), limit=limit))
+        if kind == "cnn_dailymail":
+            return PromptSet(spec, cnn_dailymail_prompts(Path(location), limit=limit, template=template))
+        return PromptSet(spec, eli5_prompts(Path(location), limit=limit))
     path = Path(spec)
     if not path.is_file():
         known = ", ".join(BUILTIN_SETS)
@@ -185,11 +206,15 @@ def load_prompt_set(spec: str, *, limit: int | None = None) -> PromptSet:
     return PromptSet(path.name, parse_prompts(text, str(path))[:limit])
 
 
-def cnn_dailymail_prompts(path: Path, *, limit: int | None = None, split: str = "test") -> tuple[Prompt, ...]:
+def cnn_dailymail_prompts(
+    path: Path, *, limit: int | None = None, split: str = "test", template: str = "chat"
+) -> tuple[Prompt, ...]:
     """CNN/DailyMail 3.0.0 as the paper uses it: shuffle(seed=42), articles < 3000 characters.
 
-    Each prompt is [system "You are a helpful assistant.", user "Summarize the following article
-    in 3-5 sentences:\\n\\n" + article[:1500]] with the `highlights` as reference.
+    Template "chat": [system "You are a helpful assistant.", user "Summarize the following article
+    in 3-5 sentences:\\n\\n" + article[:1500]] through the chat template (S1's prompt).
+    Template "hu-huang": the plain text `HU_HUANG_TEMPLATE` with article[:1000], no chat template
+    (the prompt the paper's appendix D.1 names). Either way the `highlights` are the reference.
     """
     records = read_records(path, split, required=("article", "highlights"))
     out = []
@@ -197,9 +222,14 @@ def cnn_dailymail_prompts(path: Path, *, limit: int | None = None, split: str = 
         article = str(records[i]["article"])
         if len(article) >= CNN_MAX_ARTICLE_CHARS:
             continue
-        messages = (("system", SYSTEM_PROMPT), ("user", CNN_INSTRUCTION + article[:CNN_ARTICLE_PREFIX]))
         pid = str(records[i].get("id") or f"cnn-{i}")
-        out.append(Prompt(pid, messages=messages, reference=str(records[i]["highlights"])))
+        reference = str(records[i]["highlights"])
+        if template == "hu-huang":
+            text = HU_HUANG_TEMPLATE.format(article=article[:HU_HUANG_ARTICLE_PREFIX])
+            out.append(Prompt(pid, prompt=text, reference=reference, raw=True))
+        else:
+            messages = (("system", SYSTEM_PROMPT), ("user", CNN_INSTRUCTION + article[:CNN_ARTICLE_PREFIX]))
+            out.append(Prompt(pid, messages=messages, reference=reference))
         if limit is not None and len(out) >= limit:
             break
     return tuple(out)

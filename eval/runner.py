@@ -151,12 +151,22 @@ class RunInfo:
     default_draft_temperature: float
     prompts: str
     spec: str = ""  # the key's WatermarkSpec (JSON), once models have been loaded
+    prompt_template: str = "chat"  # CNN/DailyMail's template (run.json files from before it: chat)
 
     def logits(self) -> LogitsConfig:
         """The target's logits processing."""
         return LogitsConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
-    _PINNED = ("target", "key_id", "max_new_tokens", "temperature", "top_k", "top_p", "diversity_bits")
+    _PINNED = (
+        "target",
+        "key_id",
+        "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "diversity_bits",
+        "prompt_template",
+    )
 
     def check_compatible(self, stored: RunInfo, folder: Path) -> None:
         """Raise unless `stored` (the folder's run.json) pins the same run-level settings."""

@@ -4,6 +4,7 @@ ELI5 loaders on small local files in each supported format (built here; nothing 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from wmark.errors import InputError
 from wmark.eval.prompts import (
     BUILTIN_SETS,
     CNN_ARTICLE_PREFIX,
+    Prompt,
     cnn_dailymail_prompts,
     eli5_prompts,
     load_prompt_set,
@@ -183,3 +185,58 @@ def test_eli5_loader_and_missing_columns(tmp_path: Path):
     (tmp_path / "split" / "dataset_dict.json").write_text(json.dumps({"splits": ["validation"]}))
     with pytest.raises(InputError, match="no split 'train'"):
         eli5_prompts(tmp_path / "split")
+
+
+def test_hu_huang_template_is_plain_text_with_the_article_cut_to_1000_characters(tmp_path: Path):
+    # One article of 2,600 characters (kept: < 3,000, and longer than either cut), one of 3,100
+    # (dropped), one short; every character position is recognisable, so a wrong cut shows.
+    records = [
+        {"id": "long", "article": "".join(chr(65 + i % 26) for i in range(2600)), "highlights": "L."},
+        {"id": "too-long", "article": "x" * 3100, "highlights": "T."},
+        {"id": "short", "article": "A short one.", "highlights": "S."},
+    ]
+    path = tmp_path / "test.jsonl"
+    path.write_text(_jsonl(records))
+    prompts = load_prompt_set(f"cnn_dailymail:{path}", template="hu-huang").prompts
+    chat = cnn_dailymail_prompts(path)
+    assert [p.id for p in prompts] == [p.id for p in chat] == _expected_order(records)
+    by_id = {p.id: p for p in prompts}
+    long = by_id["long"]
+    assert long.prompt == (
+        "System:Summarize the following article.\nINPUT:" + records[0]["article"][:1000] + "\nOUTPUT:"
+    )
+    assert long.raw and long.messages is None and long.reference == "L."
+    assert by_id["short"].prompt == "System:Summarize the following article.\nINPUT:A short one.\nOUTPUT:"
+    # the chat template's prompts are unchanged, and a raw prompt is a different prompt (no row reuse)
+    assert not any(p.raw for p in chat)
+    assert long.sha256 != replace(long, raw=False).sha256
+
+
+def test_prompt_template_errors(tmp_path: Path):
+    with pytest.raises(InputError, match="unknown prompt template 'hu'"):
+        load_prompt_set("builtin", template="hu")
+    with pytest.raises(InputError, match="applies to cnn_dailymail:PATH prompts only"):
+        load_prompt_set("eli5-mini", template="hu-huang")
+
+
+def test_a_raw_prompt_never_goes_through_the_chat_template():
+    from wmark.eval.models import prompt_encoder
+
+    class Pair:  # records how each prompt is encoded
+        class chat:  # noqa: N801 (the attribute name ModelPair has)
+            chat_template = "x"
+
+            @staticmethod
+            def apply_chat_template(*_: object, **__: object) -> str:
+                return "CHAT"
+
+        def encode_prompt(self, text: str, *, chat: bool) -> list[int]:
+            calls.append((text, chat))
+            return [1]
+
+    calls: list[tuple[str, bool]] = []
+    raw = Prompt("r", prompt="System:S\nINPUT:a\nOUTPUT:", raw=True)
+    for chat in (True, False):
+        prompt_encoder(Pair(), chat=chat)(raw)  # type: ignore[arg-type]
+    prompt_encoder(Pair(), chat=True)(Prompt("c", prompt="hello"))
+    assert calls == [(raw.prompt, False), (raw.prompt, False), ("CHAT", False)]
