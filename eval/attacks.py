@@ -3,7 +3,11 @@
 Character level (what a reader does not see, and recasing), word level (deletion, insertion,
 adjacent swap, WordNet synonyms), span level (the answer pasted into human text). Each attack
 is `apply(text, rng) -> text`; the same text and seed give the same result. `ATTACKS` names
-every attack for `wmark eval --attacks`. A paraphrase by a language model is not among them.
+every attack for `wmark eval --attacks`.
+
+Model attacks (level "model": the paraphrase) need a language model, so they are not
+transforms of the text alone: they are named here, grouped under "model" and left out of "all"
+(each costs a generation), and `wmark.eval.paraphrase` carries them out.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ __all__ = [
     "ATTACKS",
     "Attack",
     "attack_names",
+    "attack_rng",
     "attacked",
     "parse_attacks",
 ]
 
-Level = Literal["none", "char", "word", "span"]
+Level = Literal["none", "char", "word", "span", "model"]
 Transform = Callable[[str, np.random.Generator], str]
 
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
@@ -41,8 +46,8 @@ class Attack:
 
     Attributes:
         name: how runs and tables call it ("homoglyph-20", "delete-10", "paste-25").
-        level: char, word, span, or none (the unattacked text).
-        apply: (text, rng) -> attacked text.
+        level: char, word, span, model, or none (the unattacked text).
+        apply: (text, rng) -> attacked text (a model attack's refuses: it needs the model).
         share: for span attacks, the share of the document the watermarked text makes up.
     """
 
@@ -332,7 +337,15 @@ def _catalogue() -> dict[str, Attack]:
     attacks += [
         Attack(f"paste-{s}", "span", paste_into(s / 100, _prose_cache), share=s / 100) for s in (10, 25, 50)
     ]
+    attacks += [Attack("paraphrase", "model", _needs_model("paraphrase"))]
     return {a.name: a for a in attacks}
+
+
+def _needs_model(name: str) -> Transform:
+    def apply(text: str, rng: np.random.Generator) -> str:  # noqa: ARG001 (refuses)
+        raise InputError(f"the {name} attack needs the target model (wmark.eval.paraphrase)")
+
+    return apply
 
 
 ATTACKS: dict[str, Attack] = _catalogue()
@@ -341,7 +354,9 @@ _GROUPS = {
     "char": [a.name for a in ATTACKS.values() if a.level == "char"],
     "word": [a.name for a in ATTACKS.values() if a.level == "word"],
     "span": [a.name for a in ATTACKS.values() if a.level == "span"],
+    "model": [a.name for a in ATTACKS.values() if a.level == "model"],
 }
+_CHEAP = ("char", "word", "span")  # what "all" means: every attack that needs no model
 
 
 def attacked(name: str, text: str, *, seed: int, doc: str) -> str:
@@ -353,8 +368,13 @@ def attacked(name: str, text: str, *, seed: int, doc: str) -> str:
         seed: the run's attack seed.
         doc: the text's identifier (a row id), so each text gets its own draw.
     """
+    return ATTACKS[name].apply(text, attack_rng(name, seed=seed, doc=doc))
+
+
+def attack_rng(name: str, *, seed: int, doc: str) -> np.random.Generator:
+    """The generator attack `name` draws from for text `doc` under the run's attack seed."""
     digest = hashlib.sha256(f"{name}\0{doc}\0{seed}".encode()).digest()
-    return ATTACKS[name].apply(text, np.random.default_rng(int.from_bytes(digest[:8], "little")))
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
 def attack_names() -> list[str]:
@@ -363,9 +383,10 @@ def attack_names() -> list[str]:
 
 
 def parse_attacks(spec: str) -> list[str]:
-    """Attack names from a comma-separated list of names and groups (char, word, span, all).
+    """Attack names from a comma-separated list of names and groups (char, word, span, model, all).
 
-    "none" (the unattacked text) always comes first.
+    "none" (the unattacked text) always comes first. "all" is char, word and span: the model
+    attacks cost a generation each and are asked for by name or as "model".
 
     Raises:
         InputError: an unknown name.
@@ -373,7 +394,7 @@ def parse_attacks(spec: str) -> list[str]:
     names = ["none"]
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         if part == "all":
-            expanded = [n for names_ in _GROUPS.values() for n in names_]
+            expanded = [n for group in _CHEAP for n in _GROUPS[group]]
         elif part in _GROUPS:
             expanded = _GROUPS[part]
         elif part in ATTACKS:

@@ -24,7 +24,9 @@ INVISIBLE = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", [n for n in ATTACKS if not n.startswith(("synonym", "paste"))])
+@pytest.mark.parametrize(
+    "name", [n for n, a in ATTACKS.items() if a.level != "model" and not n.startswith(("synonym", "paste"))]
+)
 def test_same_seed_same_text(name: str) -> None:
     assert attacked(name, PROSE, seed=0, doc="a") == attacked(name, PROSE, seed=0, doc="a")
 
@@ -108,3 +110,13 @@ def test_parse_attacks_expands_groups_and_rejects_unknown_names() -> None:
     assert names[0] == "none" and "homoglyph-100" in names and names[-1] == "delete-10"
     with pytest.raises(InputError, match="unknown attack"):
         parse_attacks("delete-99")
+
+
+def test_all_is_the_cheap_attacks_and_the_paraphrase_is_asked_for_by_name_or_group() -> None:
+    everything = parse_attacks("all")
+    assert "paraphrase" not in everything
+    assert set(everything) == {n for n, a in ATTACKS.items() if a.level != "model"}
+    assert parse_attacks("model") == parse_attacks("paraphrase") == ["none", "paraphrase"]
+    assert parse_attacks("all,model")[-1] == "paraphrase"
+    with pytest.raises(InputError, match="needs the target model"):
+        attacked("paraphrase", PROSE, seed=0, doc="a")
