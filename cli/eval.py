@@ -66,6 +66,13 @@ def eval_cmd(
             help="builtin, eli5-mini, summaries-mini, code-mini, a JSONL file, cnn_dailymail:PATH, eli5:PATH."
         ),
     ] = "builtin",
+    prompt_template: Annotated[
+        str,
+        typer.Option(
+            help="CNN/DailyMail prompts: 'chat' (system + user 'Summarize ... in 3-5 sentences', chat "
+            "template) or 'hu-huang' (Hu and Huang's plain System:/INPUT:/OUTPUT: prompt, no chat template)."
+        ),
+    ] = "chat",
     methods: Annotated[str, typer.Option(help=f"Comma-separated: {', '.join(METHOD_NAMES)}.")] = ",".join(
         METHOD_NAMES
     ),
@@ -115,13 +122,28 @@ def eval_cmd(
         str | None,
         typer.Option(
             help="Attack the answers and detect them (attacks.jsonl, attacks.md, attacks.png): names or "
-            "groups char, word, span, all, comma-separated."
+            "groups char, word, span, all (= char, word, span), model (= paraphrase: the target rewrites "
+            "each answer, one generation per answer and length; loads the model), comma-separated."
         ),
     ] = None,
     attack_lengths: Annotated[
         str, typer.Option(help="Answer lengths (tokens) the attacks are measured at.")
     ] = ("50,100,200"),
     attack_seed: Annotated[int, typer.Option(help="Seed of the attacks' random edits.")] = 0,
+    paraphrase_limit: Annotated[
+        int | None,
+        typer.Option(
+            help="Paraphrase the answers of at most N generations (watermarked ones first), each once "
+            "per --attack-lengths value (a paraphrase is a generation of about 1.25x the length)."
+        ),
+    ] = None,
+    negatives: Annotated[
+        Path | None,
+        typer.Option(
+            help="Unwatermarked documents (.jsonl with a 'text' per line, or one document per line, at "
+            "least 100): calibrate an empirical 1% threshold on them and report its TPR beside the others."
+        ),
+    ] = None,
 ) -> None:
     """Evaluate methods side by side: AATPS, ANLPPT, TPR at 1% FPR, LPPL, ROUGE-L; tables and plots.
 
@@ -132,16 +154,24 @@ def eval_cmd(
       wmark eval --out runs/drafters --methods pfr,mpfr,mse,mse-pseudo --lookahead 4 --drafts 4 \\
           --drafter embedded,target --draft-temperature 1,0.5,1.5
       wmark eval --out runs/robust --methods pfr,pfr-nowm --lookahead 4 --max-new-tokens 200 --attacks all
+      wmark eval --out runs/robust --methods pfr,pfr-nowm --lookahead 4 --max-new-tokens 200 --summary-only \\
+          --attacks paraphrase --paraphrase-limit 20 --negatives human.jsonl
     """
     from wmark.eval.attacks import parse_attacks
+    from wmark.eval.negatives import read_negatives
     from wmark.eval.session import EvalConfig, EvalInterrupted, EvalSession
+    from wmark.eval.summary import eval_tokens
 
     attack_names = parse_attacks(attacks) if attacks else []
     lengths = _ints("--attack-lengths", attack_lengths)
+    if paraphrase_limit is not None and paraphrase_limit < 1:
+        raise InputError("--paraphrase-limit must be at least 1")
+    negative_docs = read_negatives(negatives) if negatives is not None else None  # fail before generating
 
     config = EvalConfig(
         out=out,
         prompts=prompts,
+        prompt_template=prompt_template,
         limit=limit,
         methods=_names("--methods", methods),
         lookaheads=_ints("--lookahead", lookahead),
@@ -175,9 +205,24 @@ def eval_cmd(
                 "rerun the command to resume"
             )
             raise typer.Exit(130) from None
-    written = session.write_outputs(rows, plots=plots)
+    thresholds = None
+    if negative_docs is not None and rows:
+        with err_console.status("calibrating on the negative corpus"):
+            at = sorted({*eval_tokens(session.info), *lengths})
+            thresholds = session.negative_thresholds(negative_docs, str(negatives), at)
+    written = session.write_outputs(rows, plots=plots, negatives=thresholds)
     if attack_names:
-        written += session.write_attacks(rows, attack_names, lengths=lengths, seed=attack_seed, plots=plots)
+        with err_console.status("attacking") as status:
+            written += session.write_attacks(
+                rows,
+                attack_names,
+                lengths=lengths,
+                seed=attack_seed,
+                plots=plots,
+                paraphrase_limit=paraphrase_limit,
+                negatives=thresholds,
+                progress=lambda message: status.update(escape(message)),
+            )
     err_console.print(
         f"{len(rows)} rows in {escape(str(session.results.path))}; wrote "
         + ", ".join(p.name for p in written)

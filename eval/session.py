@@ -15,6 +15,9 @@ environment, and checked against the target's tokenizer), or a key derived from
 
 Attacks: `write_attacks()` edits every row's answer with the named attacks (`wmark.eval.attacks`)
 and detects the results (`wmark.eval.robustness`) into attacks.jsonl, attacks.md and attacks.png.
+Only the paraphrase attack loads a model (the target, to rewrite the answers); everything else,
+and the thresholds from a negative corpus (`negative_thresholds()`), needs the key and the
+target's tokenizer alone, so `--summary-only` stays model-free unless a paraphrase is asked for.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from wmark.detector import TextTokenizer
 from wmark.errors import InputError
@@ -38,6 +41,10 @@ from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 from wmark.secret import Secret
 from wmark.spec import WatermarkSpec
+
+if TYPE_CHECKING:
+    from wmark.eval.negatives import NegativeThresholds
+    from wmark.eval.paraphrase import Paraphraser
 
 __all__ = [
     "EVAL_KEY_TAG",
@@ -63,6 +70,7 @@ class EvalConfig:
     Attributes:
         out: the output folder; an existing one is resumed.
         prompts / limit: the prompt set (`load_prompt_set`) and how many of its prompts to use.
+        prompt_template: CNN/DailyMail's template, "chat" or "hu-huang" (pinned by run.json).
         methods, lookaheads, multi_lookaheads, drafts: the settings grid (`expand_settings`);
             `multi_lookaheads` defaults to the largest of `lookaheads`.
         drafters / draft_temperatures: drafter conditions; the first of each is the run's default,
@@ -78,6 +86,7 @@ class EvalConfig:
     out: Path
     prompts: str = "builtin"
     limit: int | None = None
+    prompt_template: str = "chat"
     methods: Sequence[str]
     lookaheads: Sequence[int] = (1, 2, 3, 4)
     multi_lookaheads: Sequence[int] | None = None
@@ -165,10 +174,11 @@ class EvalSession:
             default_draft_temperature=temperatures[0],
             prompts=config.prompts,
             spec="",
+            prompt_template=config.prompt_template,
         )
         for setting in self.settings:
             setting.sampler(info)  # every invalid value fails here, before any model loads
-        prompt_set = load_prompt_set(config.prompts, limit=config.limit)
+        prompt_set = load_prompt_set(config.prompts, limit=config.limit, template=config.prompt_template)
         config.out.mkdir(parents=True, exist_ok=True)
         self.info = _resume_info(info, self.run_json)
         self.results = ResultsFile(config.out / "results.jsonl")
@@ -199,8 +209,15 @@ class EvalSession:
                 rows += self._generate(pending, rows, progress)
         return rows
 
-    def write_outputs(self, rows: Sequence[EvalRow], *, plots: bool = True) -> list[Path]:
+    def write_outputs(
+        self, rows: Sequence[EvalRow], *, plots: bool = True, negatives: NegativeThresholds | None = None
+    ) -> list[Path]:
         """Write summary.md (and, with `plots`, the PNG figures); returns the files written.
+
+        Args:
+            rows: the run's rows.
+            plots: write the PNG figures too.
+            negatives: thresholds from a negative corpus, reported beside the analytic ones.
 
         Raises:
             InputError: there are no rows yet.
@@ -210,7 +227,8 @@ class EvalSession:
         if not rows:
             raise InputError(f"{self.config.out}: no results yet; run without --summary-only first")
         summary = self.config.out / "summary.md"
-        summary.write_text(render_summary(rows, self.info, WatermarkSpec.from_json(self.info.spec)))
+        spec = WatermarkSpec.from_json(self.info.spec)
+        summary.write_text(render_summary(rows, self.info, spec, negatives))
         written = [summary]
         if plots:
             from wmark.eval.plots import write_plots  # matplotlib only when plots are wanted
@@ -226,33 +244,33 @@ class EvalSession:
         lengths: Sequence[int],
         seed: int,
         plots: bool,
+        paraphrase_limit: int | None = None,
+        negatives: NegativeThresholds | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> list[Path]:
         """Attack every row's answer, detect it, and write attacks.jsonl, attacks.md (and attacks.png).
 
-        Detection needs the key and the target's tokenizer only, never the models.
+        Detection needs the key and the target's tokenizer only; the target model is loaded only
+        when the paraphrase attack is asked for (it rewrites the answers).
+
+        Args:
+            rows / attacks / lengths / seed: what to attack, how, at which answer lengths, seeded.
+            plots: write attacks.png.
+            paraphrase_limit: paraphrase the answers of at most this many rows (watermarked first).
+            negatives: thresholds from a negative corpus, reported beside the analytic ones.
+            progress: told what is happening (model loading, each paraphrase).
 
         Raises:
             InputError: no rows yet, or the target's tokenizer cannot be read without the model.
         """
-        from wmark.detector.tokenize import read_tokenizer_source
+        from wmark.eval.attacks import ATTACKS
         from wmark.eval.robustness import attack_rows, plot_attacks, render_attacks
-        from wmark.generator.embedded import embedded_tokenizer_json
 
-        if not rows or not self.info.spec:
-            raise InputError(f"{self.config.out}: no results yet; run without --summary-only first")
-        spec = WatermarkSpec.from_json(self.info.spec)
-        tokenizer_json, _ = read_tokenizer_source(self.config.target, embedded_tokenizer_json)
-        tokenizer = TextTokenizer(tokenizer_json, spec.tokenizer.name)
-        if tokenizer.sha256 != spec.tokenizer.sha256:
-            raise InputError(
-                f"{self.config.target}'s tokenizer is not the one {self.config.out} was made with"
-            )
-        if self.config.key is not None:
-            with KeyRegistry.open() as registry:
-                key = registry.material(self.config.key)
-        else:
-            assert self._secret is not None
-            key = KeyMaterial(key_id=self.info.key_id, secret=self._secret, spec=spec)
+        key, tokenizer_json = self.detection_key()
+        tokenizer = TextTokenizer(tokenizer_json, key.spec.tokenizer.name)
+        paraphrase = None
+        if any(ATTACKS[name].level == "model" for name in attacks):
+            paraphrase = self._paraphraser(progress)
         found = attack_rows(
             rows,
             attacks,
@@ -261,15 +279,74 @@ class EvalSession:
             decode=tokenizer.decode,
             lengths=lengths,
             seed=seed,
+            paraphrase=paraphrase,
+            paraphrase_limit=paraphrase_limit,
+            progress=progress,
         )
         jsonl = self.config.out / "attacks.jsonl"
         jsonl.write_text("".join(json.dumps(r.to_json()) + "\n" for r in found))
         table = self.config.out / "attacks.md"
-        table.write_text(render_attacks(found))
+        table.write_text(render_attacks(found, negatives=negatives))
         written = [jsonl, table]
         if plots and (figure := plot_attacks(found, self.config.out)) is not None:
             written.append(figure)
         return written
+
+    def detection_key(self) -> tuple[KeyMaterial, bytes]:
+        """The run's key and the target's tokenizer.json: all detection needs (no model).
+
+        Raises:
+            InputError: no rows yet (no key spec), or the target's tokenizer is not the run's.
+        """
+        from wmark.detector.tokenize import read_tokenizer_source
+        from wmark.generator.embedded import embedded_tokenizer_json
+
+        if not self.info.spec:
+            raise InputError(f"{self.config.out}: no results yet; run without --summary-only first")
+        spec = WatermarkSpec.from_json(self.info.spec)
+        tokenizer_json, _ = read_tokenizer_source(self.config.target, embedded_tokenizer_json)
+        if TextTokenizer(tokenizer_json, spec.tokenizer.name).sha256 != spec.tokenizer.sha256:
+            raise InputError(
+                f"{self.config.target}'s tokenizer is not the one {self.config.out} was made with"
+            )
+        if self.config.key is not None:
+            with KeyRegistry.open() as registry:
+                return registry.material(self.config.key), tokenizer_json
+        assert self._secret is not None
+        return KeyMaterial(key_id=self.info.key_id, secret=self._secret, spec=spec), tokenizer_json
+
+    def negative_thresholds(
+        self, docs: Sequence[str], source: str, lengths: Sequence[int]
+    ) -> NegativeThresholds:
+        """Detection thresholds at each answer length from unwatermarked documents (`wmark.eval.negatives`).
+
+        Raises:
+            InputError: no rows yet, or the target's tokenizer is not the run's.
+        """
+        from wmark.eval.negatives import calibrate_negatives
+
+        key, tokenizer_json = self.detection_key()
+        return calibrate_negatives(
+            docs, key=key, tokenizer_json=tokenizer_json, lengths=lengths, source=source
+        )
+
+    def _paraphraser(self, progress: Callable[[str], None] | None) -> Paraphraser:
+        """The target, loaded to paraphrase (no drafter: it samples plainly, one token a forward)."""
+        from wmark.eval.models import load_models
+        from wmark.eval.paraphrase import Paraphraser
+
+        config = self.config
+        models, _ = load_models(
+            config.target,
+            [],
+            device=config.device,
+            precision=config.precision,
+            chat=config.chat,
+            progress=progress,
+        )
+        return Paraphraser(
+            models.target, encode=models.encode, decode=models.decode, logits=self.info.logits()
+        )
 
     def _generate(
         self, pending: list[Job], rows: Sequence[EvalRow], progress: EvalProgress | None

@@ -5,7 +5,9 @@
 - the multi-draft table (Table 1): MPFR vs GLS AATPS per B, the better one in bold, with the
   paired difference and its standard error;
 - TPR at 1% FPR vs the number of evaluated tokens (Figure 2a), with the empirical FPR of the
-  unwatermarked methods beside it, and the H0 calibration of the detector;
+  unwatermarked methods beside it; the same TPR under the analytic threshold and under empirical
+  ones (the run's unwatermarked texts; a negative corpus, `wmark.eval.negatives`) side by side;
+  and the H0 calibration of the detector;
 - mse-pseudo's tau: fixed 0.5 and fitted on training splits;
 - the drafter-substitution ablation (Figure 2b): AATPS per drafter, TPR drift, text drift;
 - Hu & Huang's pooled conventions for the same runs.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,7 +46,10 @@ from wmark.generator.engine import METHODS
 from wmark.scoring import ScoreName
 from wmark.spec import WatermarkSpec
 
-__all__ = ["headline_groups", "headline_tokens", "paired_differences", "render_summary"]
+if TYPE_CHECKING:
+    from wmark.eval.negatives import NegativeThresholds
+
+__all__ = ["eval_tokens", "headline_groups", "headline_tokens", "paired_differences", "render_summary"]
 
 SCORE_COLUMNS: tuple[tuple[ScoreName, str], ...] = (("u", "U"), ("aaronson", "A"), ("li", "Li"), ("pl", "PL"))
 
@@ -62,15 +68,18 @@ def headline_tokens(info: RunInfo) -> int:
     return min(64, info.max_new_tokens)
 
 
-def _eval_tokens(info: RunInfo) -> list[int]:
+def eval_tokens(info: RunInfo) -> list[int]:
+    """The T values of the TPR-vs-tokens tables: `EVAL_TOKENS` within the budget (or the budget)."""
     return [t for t in EVAL_TOKENS if t <= info.max_new_tokens] or [info.max_new_tokens]
 
 
-def render_summary(rows: Sequence[EvalRow], info: RunInfo, spec: WatermarkSpec) -> str:
-    """The whole summary.md for the rows of one run."""
+def render_summary(
+    rows: Sequence[EvalRow], info: RunInfo, spec: WatermarkSpec, negatives: NegativeThresholds | None = None
+) -> str:
+    """The whole summary.md for the rows of one run (`negatives`: thresholds from a negative corpus)."""
     default = [r for r in rows if is_default(r, info)]
     parts = [_header(rows, info), _single_draft(default, info), _multi_draft(default)]
-    parts += [_tpr_curves(default, info), _calibration(rows, spec), _pseudo_tau(default, info)]
+    parts += [_tpr_curves(default, info, negatives), _calibration(rows, spec), _pseudo_tau(default, info)]
     parts += [_ablation(rows, info), _pooled(default), _notes(info)]
     return "\n".join(p for p in parts if p)
 
@@ -84,7 +93,8 @@ def _header(rows: Sequence[EvalRow], info: RunInfo) -> str:
         "# wmark eval summary\n\n"
         f"- target: `{info.target}`; drafters: {conditions}; default drafter: "
         f"{info.default_drafter} (T={info.default_draft_temperature:g})\n"
-        f"- prompts: {info.prompts} ({prompts} prompts), seeds {seeds}, {len(rows)} generations\n"
+        f"- prompts: {info.prompts} ({prompts} prompts, template {info.prompt_template}), seeds {seeds}, "
+        f"{len(rows)} generations\n"
         f"- key {info.key_id} (fingerprint {info.key_fingerprint}); max_new_tokens {info.max_new_tokens}; "
         f"temperature {info.temperature:g}, top-k {info.top_k}, top-p {info.top_p:g}; "
         f"diversity bits {info.diversity_bits:g}\n"
@@ -203,10 +213,10 @@ def _label(rows: Sequence[EvalRow]) -> str:
     return f"{r.method} (L={r.lookahead}{drafts})"
 
 
-def _tpr_curves(rows: Sequence[EvalRow], info: RunInfo) -> str:
+def _tpr_curves(rows: Sequence[EvalRow], info: RunInfo, negatives: NegativeThresholds | None) -> str:
     if not rows:
         return ""
-    tokens = _eval_tokens(info)
+    tokens = eval_tokens(info)
     out = [
         f"## TPR at {ALPHA:.0%} FPR vs evaluated tokens (exact Aaronson Gamma test)\n",
         "| method | n | " + " | ".join(f"T={t}" for t in tokens) + " |",
@@ -222,32 +232,52 @@ def _tpr_curves(rows: Sequence[EvalRow], info: RunInfo) -> str:
     out.append(
         "\n† unwatermarked: the same detector and key; the rate is its empirical false-positive rate.\n"
     )
-    return "\n".join(out) + _empirical_tpr(rows, tokens)
+    return "\n".join(out) + _empirical_tpr(rows, tokens, negatives)
 
 
-def _empirical_tpr(rows: Sequence[EvalRow], tokens: list[int]) -> str:
-    """TPR at a threshold calibrated on the run's unwatermarked rows, beside the analytic one."""
-    negatives = [r for r in rows if not r.keyed]
-    if not negatives:
+def _empirical_tpr(rows: Sequence[EvalRow], tokens: list[int], negatives: NegativeThresholds | None) -> str:
+    """TPR under the analytic threshold and thresholds calibrated on the run's unwatermarked rows
+    and on a negative corpus, side by side (a "–" where a threshold is missing)."""
+    plain = [r for r in rows if not r.keyed]
+    if not plain and negatives is None:
         return ""
-    thresholds = {t: empirical_threshold([row_log_p(r, t) for r in negatives]) for t in tokens}
+    nan = math.nan
+    run = {t: empirical_threshold([row_log_p(r, t) for r in plain]) if plain else nan for t in tokens}
+    corpus = {t: negatives.token_level.get(t, nan) if negatives else nan for t in tokens}
+    counts = {t: negatives.counts.get(t, 0) if negatives else 0 for t in tokens}
+    source = f"the corpus {negatives.source}" if negatives else "no corpus given"
+
+    def log10(x: float) -> str:
+        return "–" if math.isnan(x) else f"{x / math.log(10):.2f}"
+
     out = [
-        f"\n### TPR at an empirical {ALPHA:.0%} threshold (calibrated on the {len(negatives)} "
-        "unwatermarked texts of this run)\n",
+        f"\n### TPR at {ALPHA:.0%} FPR: analytic / empirical on the run's {len(plain)} unwatermarked "
+        f"texts / empirical on {source}\n",
         "| method | n | " + " | ".join(f"T={t}" for t in tokens) + " |",
         "|---|---" + "|---" * len(tokens) + "|",
         "| threshold (log10 p) | | "
-        + " | ".join(f"{thresholds[t] / math.log(10):.2f}" for t in tokens)
+        + " | ".join(f"{math.log10(ALPHA):.2f} / {log10(run[t])} / {log10(corpus[t])}" for t in tokens)
         + " |",
+        "| negatives | | " + " | ".join(f"– / {len(plain)} / {counts[t]}" for t in tokens) + " |",
     ]
     for group in headline_groups([r for r in rows if r.keyed]):
-        cells = " | ".join(
-            _rate(sum(row_log_p(r, t) < thresholds[t] for r in group) / len(group)) for t in tokens
-        )
-        out.append(f"| {_label(group)} | {len(group)} | {cells} |")
+        cells = []
+        for t in tokens:
+            log_ps = [row_log_p(r, t) for r in group]
+            rates = [sum(lp <= math.log(ALPHA) for lp in log_ps) / len(log_ps)]
+            rates += [
+                nan if math.isnan(x) else sum(lp < x for lp in log_ps) / len(log_ps)
+                for x in (run[t], corpus[t])
+            ]
+            cells.append(" / ".join("–" if math.isnan(x) else f"{x:.2f}" for x in rates))
+        out.append(f"| {_label(group)} | {len(group)} | " + " | ".join(cells) + " |")
     out.append(
-        f"\nWith fewer than {1 / ALPHA:.0f} unwatermarked texts the threshold is the smallest of their "
-        "p-values (an empirical FPR of 0), coarser than the analytic Gamma threshold above.\n"
+        "\nEmpirical threshold: the (k+1)-th smallest ln p of n negatives, k = floor(alpha n); a text is "
+        "flagged when its ln p is strictly below it (at most k negatives are: the (1 - alpha) quantile of "
+        f"-ln p). Its resolution is 1/n: with fewer than {1 / ALPHA:.0f} negatives it is their smallest "
+        "p-value (an empirical FPR of 0). The corpus's negatives at T are its documents of at least T "
+        f"tokens, cut to T (no threshold from fewer than {1 / ALPHA:.0f}), scored as the answers are "
+        "(token-level Gamma test, no prompt in front).\n"
     )
     return "\n".join(out)
 

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -91,7 +92,8 @@ def test_eval_writes_rows_tables_and_plots_and_resumes(dirs, tmp_path):
         "### L = 1",
         "## Multi-draft: MPFR vs GLS (Table 1 shape)",
         "## TPR at 1% FPR vs evaluated tokens",
-        "### TPR at an empirical 1% threshold (calibrated on the 8 unwatermarked texts of this run)",
+        "### TPR at 1% FPR: analytic / empirical on the run's 8 unwatermarked texts / empirical on no "
+        "corpus given",
         "## Calibration under H0",
         "## mse-pseudo detector: tau",
         "## Hu & Huang's pooled conventions",
@@ -247,3 +249,48 @@ def test_attacks_write_rows_table_and_plot(dirs, tmp_path):
     for name in ("| none |", "| zero-width-100 | char |", "| delete-10 | word |", "| paste-50 | span |"):
         assert name in table
     assert (out / "attacks.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_paraphrase_negatives_and_summary_only(dirs, tmp_path):
+    """The paraphrase attack for the first watermarked generation only (--paraphrase-limit 1), at
+    both lengths, with its ROUGE-L; a negative corpus's thresholds beside the analytic and the
+    run's own in summary.md and attacks.md; then --summary-only on the folder loads the model
+    again for the paraphrase and, seeded, writes the same rows."""
+    rng = np.random.default_rng(8)
+    negatives = tmp_path / "human.txt"  # 120 word documents of 24 words: at least T = 16 tokens each
+    negatives.write_text("\n".join(" ".join(f"w{i}" for i in rng.integers(0, 200, 24)) for _ in range(120)))
+    out = tmp_path / "para"
+    args = _args(dirs, out, "--methods", "pfr,pfr-nowm", "--lookahead", "1", "--attack-lengths", "8,16")
+    more = ["--attacks", "delete-10,model", "--paraphrase-limit", "1", "--negatives", str(negatives)]
+    result = runner.invoke(app, [*args, *more])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "attacks.jsonl").read_text().splitlines()]
+    para = [r for r in rows if r["attack"] == "paraphrase"]
+    first_keyed = next(r for r in _rows(out) if r["keyed"])["row_id"]
+    assert {(r["row_id"], r["tokens"]) for r in para} == {(first_keyed, 8), (first_keyed, 16)}
+    assert all(r["level"] == "model" and 0.0 <= r["rouge_l"] <= 1.0 for r in para)
+    assert all(r["rouge_l"] is None for r in rows if r["attack"] != "paraphrase")
+    # 2 prompts x 2 methods x 2 lengths x (none, delete-10) + the 2 paraphrases
+    assert len(rows) == 2 * 2 * 2 * 2 + 2
+    table = (out / "attacks.md").read_text()
+    assert "| paraphrase | model | 1 |" in table and "median ROUGE-L" in table
+    assert (
+        f"corpus {negatives} (120 documents)" in table
+        and "| negatives n | – / 2 / 120 | – / 2 / 120 |" in table
+    )
+    summary = (out / "summary.md").read_text()
+    assert f"empirical on the corpus {negatives}" in summary
+    assert "| negatives | | – / 2 / 120 |" in summary  # the run's 2 pfr-nowm answers, the corpus's 120
+
+    again = runner.invoke(app, [*args, "--summary-only", *more])
+    assert again.exit_code == 0, again.output
+    assert [json.loads(line) for line in (out / "attacks.jsonl").read_text().splitlines()] == rows
+
+
+def test_prompt_template_and_negatives_errors(dirs, tmp_path):
+    bad = runner.invoke(app, _args(dirs, tmp_path / "t", "--methods", "pfr", "--prompt-template", "hu-huang"))
+    assert bad.exit_code == 2 and "applies to cnn_dailymail:PATH prompts only" in bad.output
+    few = tmp_path / "few.txt"
+    few.write_text("w1 w2\n" * 10)
+    small = runner.invoke(app, _args(dirs, tmp_path / "n", "--methods", "pfr", "--negatives", str(few)))
+    assert small.exit_code == 2 and "at least 100" in " ".join(small.output.split())
