@@ -193,6 +193,13 @@ def test_run_info_pins_run_level_settings(tmp_path: Path):
     INFO.check_compatible(dataclasses.replace(stored, default_drafter="other"), tmp_path)  # may differ
     with pytest.raises(InputError, match="max_new_tokens=40, not 64"):
         dataclasses.replace(INFO, max_new_tokens=64).check_compatible(stored, tmp_path)
+    with pytest.raises(InputError, match="prompt_template='chat', not 'hu-huang'"):
+        dataclasses.replace(INFO, prompt_template="hu-huang").check_compatible(stored, tmp_path)
+    # a run.json from before the template existed reads as the chat template
+    old = json.loads((tmp_path / "run.json").read_text())
+    del old["prompt_template"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert RunInfo.load(tmp_path / "old.json") == INFO
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(InputError, match="not a wmark eval run"):
         RunInfo.load(tmp_path / "bad.json")
