@@ -9,12 +9,20 @@ run's own prompts are encoded. Sampling draws from the attack's seeded generator
 
 How far the paraphrase moved is its ROUGE-L to the original (`wmark.eval.metrics.rouge_l`: the
 LCS F-measure over the target's token IDs, EOS left out), reported with every paraphrase row.
+
+Each paraphrase costs a generation, so `ParaphraseCache` keeps them in the output folder
+(paraphrases.jsonl), keyed by everything that decides one: the source tokens, the generator's
+state, the model and the sampling settings. A rerun reuses them and loads no model when every
+paraphrase it needs is there.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +35,7 @@ from wmark.generator.logits import LogitsConfig, supports
 __all__ = [
     "PARAPHRASE_INSTRUCTION",
     "Paraphrase",
+    "ParaphraseCache",
     "Paraphraser",
     "paraphrase_budget",
     "paraphrase_prompt",
@@ -129,3 +138,51 @@ class Paraphraser:
         )
         words = [t for t in ids if t not in eos]
         return Paraphrase(self._decode(ids), tuple(ids), rouge_l(words, source))
+
+
+class ParaphraseCache:
+    """Paraphrases kept in a JSONL file, made by `make` (built on first need) when missing.
+
+    Args:
+        path: the file (created on the first paraphrase made).
+        context: what else decides a paraphrase (model, chat template, sampling settings,
+            instruction), as a string; entries made under another context are not reused.
+        make: returns the paraphrasing function; called once, at the first cache miss (it
+            loads the model).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        context: str,
+        make: Callable[[], Callable[[Sequence[int], np.random.Generator], Paraphrase]],
+    ) -> None:
+        self._path = path
+        self._context = context
+        self._make = make
+        self._paraphrase: Callable[[Sequence[int], np.random.Generator], Paraphrase] | None = None
+        self._done: dict[str, Paraphrase] = {}
+        text = path.read_text("utf-8") if path.exists() else ""
+        self._torn = bool(text) and not text.endswith("\n")  # the next entry starts a line of its own
+        if text:
+            for line in text.splitlines():
+                try:
+                    entry = json.loads(line)
+                    made = Paraphrase(entry["text"], tuple(entry["token_ids"]), float(entry["rouge_l"]))
+                except (ValueError, KeyError, TypeError):  # a line torn by a crash: made again
+                    continue
+                self._done[str(entry["key"])] = made
+
+    def __call__(self, source_ids: Sequence[int], rng: np.random.Generator) -> Paraphrase:
+        """The paraphrase of `source_ids` drawn with `rng`: from the file, or made and appended."""
+        state = json.dumps([self._context, [int(t) for t in source_ids], rng.bit_generator.state])
+        key = hashlib.sha256(state.encode()).hexdigest()
+        if key not in self._done:
+            if self._paraphrase is None:
+                self._paraphrase = self._make()
+            made = self._paraphrase(source_ids, rng)
+            with self._path.open("a", encoding="utf-8") as f:
+                lead, self._torn = "\n" if self._torn else "", False
+                f.write(lead + json.dumps({"key": key, **asdict(made)}, ensure_ascii=False) + "\n")
+            self._done[key] = made
+        return self._done[key]

@@ -44,7 +44,7 @@ from wmark.spec import WatermarkSpec
 
 if TYPE_CHECKING:
     from wmark.eval.negatives import NegativeThresholds
-    from wmark.eval.paraphrase import Paraphraser
+    from wmark.eval.paraphrase import ParaphraseCache
 
 __all__ = [
     "EVAL_KEY_TAG",
@@ -270,7 +270,7 @@ class EvalSession:
         tokenizer = TextTokenizer(tokenizer_json, key.spec.tokenizer.name)
         paraphrase = None
         if any(ATTACKS[name].level == "model" for name in attacks):
-            paraphrase = self._paraphraser(progress)
+            paraphrase = self._paraphrases(progress)
         found = attack_rows(
             rows,
             attacks,
@@ -330,23 +330,31 @@ class EvalSession:
             docs, key=key, tokenizer_json=tokenizer_json, lengths=lengths, source=source
         )
 
-    def _paraphraser(self, progress: Callable[[str], None] | None) -> Paraphraser:
-        """The target, loaded to paraphrase (no drafter: it samples plainly, one token a forward)."""
-        from wmark.eval.models import load_models
-        from wmark.eval.paraphrase import Paraphraser
+    def _paraphrases(self, progress: Callable[[str], None] | None) -> ParaphraseCache:
+        """Paraphrases by the target, kept in paraphrases.jsonl; the target (no drafter: it samples
+        plainly, one token a forward) loads at the first paraphrase the file does not have."""
+        from wmark.eval.paraphrase import PARAPHRASE_INSTRUCTION, ParaphraseCache, Paraphraser
 
-        config = self.config
-        models, _ = load_models(
-            config.target,
-            [],
-            device=config.device,
-            precision=config.precision,
-            chat=config.chat,
-            progress=progress,
-        )
-        return Paraphraser(
-            models.target, encode=models.encode, decode=models.decode, logits=self.info.logits()
-        )
+        config, info = self.config, self.info
+
+        def load() -> Paraphraser:
+            from wmark.eval.models import load_models
+
+            models, _ = load_models(
+                config.target,
+                [],
+                device=config.device,
+                precision=config.precision,
+                chat=config.chat,
+                progress=progress,
+            )
+            return Paraphraser(
+                models.target, encode=models.encode, decode=models.decode, logits=info.logits()
+            )
+
+        settings = [info.target, info.spec, config.chat, config.precision, dataclasses.asdict(info.logits())]
+        context = json.dumps([*settings, PARAPHRASE_INSTRUCTION])
+        return ParaphraseCache(config.out / "paraphrases.jsonl", context, load)
 
     def _generate(
         self, pending: list[Job], rows: Sequence[EvalRow], progress: EvalProgress | None

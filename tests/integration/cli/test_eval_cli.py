@@ -254,8 +254,9 @@ def test_attacks_write_rows_table_and_plot(dirs, tmp_path):
 def test_paraphrase_negatives_and_summary_only(dirs, tmp_path):
     """The paraphrase attack for the first watermarked generation only (--paraphrase-limit 1), at
     both lengths, with its ROUGE-L; a negative corpus's thresholds beside the analytic and the
-    run's own in summary.md and attacks.md; then --summary-only on the folder loads the model
-    again for the paraphrase and, seeded, writes the same rows."""
+    run's own in summary.md and attacks.md; then --summary-only on the folder reuses the kept
+    paraphrases without a model, and without them loads the model and, seeded, writes the same
+    rows."""
     rng = np.random.default_rng(8)
     negatives = tmp_path / "human.txt"  # 120 word documents of 24 words: at least T = 16 tokens each
     negatives.write_text("\n".join(" ".join(f"w{i}" for i in rng.integers(0, 200, 24)) for _ in range(120)))
@@ -282,8 +283,21 @@ def test_paraphrase_negatives_and_summary_only(dirs, tmp_path):
     assert f"empirical on the corpus {negatives}" in summary
     assert "| negatives | | – / 2 / 120 |" in summary  # the run's 2 pfr-nowm answers, the corpus's 120
 
-    again = runner.invoke(app, [*args, "--summary-only", *more])
+    assert len((out / "paraphrases.jsonl").read_text().splitlines()) == 2
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    import wmark.eval.models
+
+    with pytest.MonkeyPatch.context() as patch:  # kept paraphrases: no model is loaded
+        patch.setattr(wmark.eval.models, "load_models", no_model)
+        again = runner.invoke(app, [*args, "--summary-only", *more])
     assert again.exit_code == 0, again.output
+    assert [json.loads(line) for line in (out / "attacks.jsonl").read_text().splitlines()] == rows
+    (out / "paraphrases.jsonl").unlink()  # made again from the model: seeded, the same rows
+    fresh = runner.invoke(app, [*args, "--summary-only", *more])
+    assert fresh.exit_code == 0, fresh.output
     assert [json.loads(line) for line in (out / "attacks.jsonl").read_text().splitlines()] == rows
 
 
