@@ -17,7 +17,8 @@ Attacks: `write_attacks()` edits every row's answer with the named attacks (`wma
 and detects the results (`wmark.eval.robustness`) into attacks.jsonl, attacks.md and attacks.png.
 Only the paraphrase attack loads a model (the target, to rewrite the answers); everything else,
 and the thresholds from a negative corpus (`negative_thresholds()`), needs the key and the
-target's tokenizer alone, so `--summary-only` stays model-free unless a paraphrase is asked for.
+target's tokenizer alone, so `--summary-only` stays model-free unless a paraphrase is asked for
+that the folder's paraphrases.jsonl does not keep yet.
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ class EvalSession:
         """Attack every row's answer, detect it, and write attacks.jsonl, attacks.md (and attacks.png).
 
         Detection needs the key and the target's tokenizer only; the target model is loaded only
-        when the paraphrase attack is asked for (it rewrites the answers).
+        when the paraphrase attack needs a paraphrase that paraphrases.jsonl does not keep.
 
         Args:
             rows / attacks / lengths / seed: what to attack, how, at which answer lengths, seeded.
