@@ -208,7 +208,7 @@ def eval_cmd(
     thresholds = None
     if negative_docs is not None and rows:
         with err_console.status("calibrating on the negative corpus"):
-            at = sorted({*eval_tokens(session.info), *lengths})
+            at = sorted({*eval_tokens(session.info), *(lengths if attack_names else [])})
             thresholds = session.negative_thresholds(negative_docs, str(negatives), at)
     written = session.write_outputs(rows, plots=plots, negatives=thresholds)
     if attack_names:
