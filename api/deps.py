@@ -8,12 +8,13 @@ answered 429 and only counted in the metrics, so a flood cannot fill the log).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, NoReturn
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from wmark.api.detectors import DetectorCache
 from wmark.api.errors import Forbidden, RateLimited
@@ -81,19 +82,17 @@ def reject(
     raise error
 
 
-def require(role: Role, *, cached: bool = False) -> Callable[..., TokenInfo]:
+def require(role: Role, *, cached: bool = False) -> Callable[..., Awaitable[TokenInfo]]:
     """A dependency that admits a valid token allowed to act as `role`, within its rate limit.
 
     `cached`: take the token from the process's `TokenCache`; only for routes that re-check
-    revocation in the transaction of their audit row (the detection routes).
+    revocation in the transaction of their audit row (the detection routes). A cached token
+    within a per-process rate limit is admitted on the event loop (no I/O, no thread-pool hop:
+    ~0.2 ms of CPU less per request); anything that may touch the database or Redis runs in
+    the thread pool.
     """
 
-    def dependency(
-        request: Request,
-        service: ServiceDep,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> TokenInfo:
-        token = credentials.credentials if credentials is not None else None
+    def admit(request: Request, service: Service, token: str | None) -> TokenInfo:
         try:
             if len(request.headers.getlist("authorization")) > 1:
                 # proxies and frameworks disagree on which of two headers counts: accept neither
@@ -113,6 +112,21 @@ def require(role: Role, *, cached: bool = False) -> Callable[..., TokenInfo]:
         if wait > 0:
             raise RateLimited(wait)
         return info
+
+    async def dependency(
+        request: Request,
+        service: ServiceDep,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> TokenInfo:
+        token = credentials.credentials if credentials is not None else None
+        if cached and isinstance(service.limiter, RateLimiter):
+            info = service.token_cache.cached(token)
+            if info is not None and info.allows(role) and len(request.headers.getlist("authorization")) == 1:
+                wait = service.limiter.acquire(info.token_id)
+                if wait > 0:
+                    raise RateLimited(wait)
+                return info
+        return await run_in_threadpool(admit, request, service, token)
 
     dependency.__name__ = f"require_{role}"
     return dependency

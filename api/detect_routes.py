@@ -1,19 +1,22 @@
 """POST /v1/detect and /v1/detect/batch: verdicts with exact p-values, each one audited.
 
 Detection is CPU-bound, so these are plain `def` endpoints: FastAPI runs them in its thread
-pool and the event loop stays free. The detector comes from the per-process cache.
+pool and the event loop stays free. The detector comes from the per-process cache; the token's
+revocation and the key set are re-checked in the audit transaction, where the request writes its
+row anyway (one query each per group commit, not per request).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
 
 from wmark.api.deps import DetectorToken, Service, ServiceDep, reject
+from wmark.api.detectors import KeysChanged, KeySet
 from wmark.api.errors import AUTHENTICATED, TextTooLong, documented
 from wmark.api.schemas import BatchRequest, BatchResponse, DetectItem, DetectRequest, DetectResponse
 from wmark.detector import Detection, Detector
@@ -83,6 +86,9 @@ def _entry(actor: str, item: DetectItem, detector: Detector, answer: dict[str, A
     )
 
 
+_ATTEMPTS = 3  # detections per request when keys keep changing under it (then 409 keys_changed)
+
+
 def _detect_all(
     service: Service,
     request: Request,
@@ -94,19 +100,30 @@ def _detect_all(
     return_tokens: bool,
 ) -> list[dict[str, Any]]:
     _check_size(service, items)
-    detector = service.detectors.get(key_ids)
-    detections = [_run(detector, item, alpha=alpha, return_tokens=return_tokens) for item in items]
-    if return_tokens:
-        _check_response(service, detections)
-    answers = [d.to_dict(include_tokens=return_tokens) for d in detections]  # once: it is not cheap
-    try:
-        records = service.registry.audit.append(
-            *(_entry(token.actor, item, detector, a) for item, a in zip(items, answers, strict=True)),
-            precondition=partial(TokenStore.ensure_unrevoked, token_id=token.token_id),
-        )
-    except TokenRejected as exc:  # revoked after the token was cached: refused, as at the door
-        service.token_cache.forget(token.token_id)
-        reject(service, request, exc.reason, exc.token_id, exc)
+    for attempt in range(_ATTEMPTS):
+        keys = service.detectors.get(key_ids, refresh=attempt > 0)
+        detections = [_run(keys.detector, item, alpha=alpha, return_tokens=return_tokens) for item in items]
+        if return_tokens:
+            _check_response(service, detections)
+        answers = [d.to_dict(include_tokens=return_tokens) for d in detections]  # once: it is not cheap
+
+        def still_valid(session: Session, keys: KeySet = keys) -> None:
+            TokenStore.ensure_unrevoked(session, token.token_id)
+            keys.unchanged(session)
+
+        entries = [
+            _entry(token.actor, item, keys.detector, a) for item, a in zip(items, answers, strict=True)
+        ]
+        try:
+            records = service.registry.audit.append(*entries, precondition=still_valid)
+        except TokenRejected as exc:  # revoked after the token was cached: refused, as at the door
+            service.token_cache.forget(token.token_id)
+            reject(service, request, exc.reason, exc.token_id, exc)
+        except KeysChanged:
+            if attempt == _ATTEMPTS - 1:
+                raise
+            continue  # detect again with the keys as they are now
+        break
     for detection, answer, record in zip(detections, answers, records, strict=True):
         service.metrics.verdicts.labels(detection.verdict).inc()
         answer["audit_seq"] = record.seq

@@ -1,21 +1,28 @@
 """Cached detectors: tokenizers are parsed once per process, detectors rebuilt only when keys change.
 
 Building a `Detector` from the registry decrypts every key, and parsing a tokenizer.json takes
-~0.3 s for a 150k-token vocabulary. The cache compares the registry's (key id, status) list on
-each request (one small query) and rebuilds after any create, rotate or revoke, from any process.
+~0.3 s for a 150k-token vocabulary. A request takes the cached detector without asking the
+database; whether the keys it was built from are still the registry's keys is checked where the
+request writes anyway: in the transaction of its audit row (`KeySet.unchanged`, one query per
+group commit), under the write lock that every key change also takes. When another process (or
+this one) created, rotated or revoked a key meanwhile, the answer is not given: the route
+rebuilds the detectors and detects again.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
 
 from wmark.detector import Detector, TextTokenizer
 from wmark.errors import KeyRegistryError, TokenizerError
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 
-__all__ = ["DetectorCache", "NoKeysError"]
+__all__ = ["DetectorCache", "KeySet", "KeysChanged", "NoKeysError"]
 
 
 class NoKeysError(KeyRegistryError):
@@ -25,7 +32,37 @@ class NoKeysError(KeyRegistryError):
     status = 409
 
 
+class KeysChanged(KeyRegistryError):
+    """The keys changed between detecting and auditing, on every attempt of one request."""
+
+    code = "keys_changed"
+    status = 409
+
+
 _MAX_SUBSETS = 64
+_KEY_STATE = "wmark.api.key_state"  # session.info: the key state read in this transaction
+KeyState = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """A detector and the registry's key state it was built from."""
+
+    detector: Detector
+    state: KeyState
+    registry: KeyRegistry
+
+    def unchanged(self, session: Session) -> None:
+        """In the audit transaction: raise `KeysChanged` if the keys are no longer `state`.
+
+        The state is read once per transaction (`session.info`): key changes take the same
+        write lock, so it cannot change while the transaction holds it.
+        """
+        current: KeyState | None = session.info.get(_KEY_STATE)
+        if current is None:
+            current = session.info[_KEY_STATE] = self.registry.key_state(session)
+        if current != self.state:
+            raise KeysChanged("the keys changed while this request was answered; send it again")
 
 
 class _Tokenizers:
@@ -80,20 +117,21 @@ class DetectorCache:
         """Build the default detector and parse its tokenizers now (at start-up, not on a request)."""
         if not self.registry.key_state():
             return
-        detector = self.get()
+        detector = self.get(refresh=True).detector
         for sha256 in {k.spec.tokenizer.sha256 for k in detector.keys}:
             detector.tokenizer(sha256)
 
-    def get(self, key_ids: Sequence[str] | None = None) -> Detector:
-        """The detector for `key_ids` (default: every active and retired key).
+    def get(self, key_ids: Sequence[str] | None = None, *, refresh: bool = False) -> KeySet:
+        """The detector for `key_ids` (default: every active and retired key), as of the key state
+        last read; `refresh` (or no key known yet) reads the state again first.
 
         Raises:
             KeyNotFoundError, KeyRevokedError: a requested key is unknown or revoked.
             NoKeysError: there is no key to detect with.
         """
-        state = self.registry.key_state()
+        state = self.registry.key_state() if refresh or not self._state else None
         with self._lock:
-            if state != self._state:
+            if state is not None and state != self._state:
                 self._keys = {k.key_id: k for k in self.registry.detection_keys()}
                 self._subsets.clear()
                 self._state = state
@@ -112,4 +150,5 @@ class DetectorCache:
                 if len(self._subsets) >= _MAX_SUBSETS:
                     self._subsets.pop(next(iter(self._subsets)))
                 self._subsets[wanted] = detector
-            return detector
+            assert self._state is not None  # set above: `not self._state` forced a read
+            return KeySet(detector, self._state, self.registry)

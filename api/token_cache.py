@@ -36,14 +36,21 @@ class TokenCache:
         self._known: OrderedDict[str, TokenInfo] = OrderedDict()
         self._lock = threading.Lock()
 
-    def authenticate(self, token: str | None) -> TokenInfo:
-        """The token's info (from the cache, or the database on a miss); raises `TokenRejected`."""
-        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest() if token else ""
+    def cached(self, token: str | None) -> TokenInfo | None:
+        """The token's info if it is in the cache, else None (no I/O: callable on the event loop)."""
+        digest = _digest(token)
         with self._lock:
             info = self._known.get(digest)
             if info is not None:
                 self._known.move_to_end(digest)
-                return info
+            return info
+
+    def authenticate(self, token: str | None) -> TokenInfo:
+        """The token's info (from the cache, or the database on a miss); raises `TokenRejected`."""
+        info = self.cached(token)
+        if info is not None:
+            return info
+        digest = _digest(token)
         info = self._store.authenticate(token)  # raises for a bad token: nothing is cached
         with self._lock:
             self._known[digest] = info
@@ -56,3 +63,7 @@ class TokenCache:
         with self._lock:
             for digest in [d for d, info in self._known.items() if info.token_id == token_id]:
                 del self._known[digest]
+
+
+def _digest(token: str | None) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest() if token else ""

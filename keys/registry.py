@@ -278,12 +278,18 @@ class KeyRegistry:
         with self.sessions() as session:
             return _info(self._row(session, key_id))
 
-    def key_state(self) -> tuple[tuple[str, str], ...]:
-        """(key_id, status) of every key: changes whenever the set of detection keys does."""
-        with self.sessions() as session:
-            return tuple(
-                (r.id, r.status) for r in session.execute(select(Key.id, Key.status).order_by(Key.id))
-            )
+    def key_state(self, session: Session | None = None) -> tuple[tuple[str, str], ...]:
+        """(key_id, status) of every key: changes whenever the set of detection keys does.
+
+        Args:
+            session: read in this session (e.g. a write transaction, where key changes, which
+                take the same lock, cannot interleave); default a session of its own.
+        """
+        query = select(Key.id, Key.status).order_by(Key.id)
+        if session is not None:
+            return tuple((r.id, r.status) for r in session.execute(query))
+        with self.sessions() as own:
+            return tuple((r.id, r.status) for r in own.execute(query))
 
     def rotate(self, key_id: str, *, actor: str = LOCAL_ACTOR) -> KeyInfo:
         """Create a successor with the same name and spec; the old key is retired (detect only)."""

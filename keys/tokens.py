@@ -33,6 +33,7 @@ _TOKEN = re.compile(r"^wmt_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 _MAX_NAME = 200
 # Compared against when the id is unknown, so unknown and wrong tokens take the same time.
 _DUMMY_HASH = hashlib.sha256(b"wmark.no-such-token").hexdigest()
+_UNREVOKED = "wmark.tokens.unrevoked"  # session.info: token ids checked in this transaction
 
 
 class TokenRejected(AuthError):
@@ -177,10 +178,18 @@ class TokenStore:
 
         For callers that authenticated a token earlier (from a cache) and must not act on it
         past its revocation: see `AuditLog.append(precondition=...)`.
+
+        A token found unrevoked is remembered for the rest of the transaction (`session.info`):
+        the concurrent requests that one group commit writes usually share a token, and a
+        revocation, which takes the same write lock, cannot commit in between.
         """
+        unrevoked: set[str] = session.info.setdefault(_UNREVOKED, set())
+        if token_id in unrevoked:
+            return
         row = session.execute(select(ApiToken.revoked_at).where(ApiToken.id == token_id)).one_or_none()
         if row is None or row.revoked_at is not None:
             raise TokenRejected("revoked", token_id)
+        unrevoked.add(token_id)
 
     def authenticate(self, token: str | None) -> TokenInfo:
         """The token's info if `token` is a valid, unrevoked token.
