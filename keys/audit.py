@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, Table, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from wmark.errors import InputError, KeyRegistryError, WmarkError
@@ -53,6 +53,7 @@ __all__ = [
 GENESIS = "0" * 64  # prev_hash of the first row
 Precondition = Callable[[Session], None]  # see AuditLog.append
 _VERIFY_CHUNK = 1000
+_AUDIT_TABLE: Table = AuditEvent.__table__  # type: ignore[assignment]  # a Table, typed FromClause
 
 
 class AuditLogCorrupt(KeyRegistryError):
@@ -395,7 +396,7 @@ class AuditLog:
             batch, self._queue = self._queue, []
         try:
             with write_transaction(self.sessions) as session:
-                written = [self._append_checked(session, queued, check) for queued, check, _ in batch]
+                written = self._append_group(session, batch)
         except BaseException as exc:
             for _, _, waiter in batch:
                 waiter.set_exception(exc)
@@ -411,29 +412,51 @@ class AuditLog:
                 self._turn.notify_all()
         return mine.result()
 
-    def _append_checked(
-        self, session: Session, entries: Sequence[AuditEntry], precondition: Precondition | None
-    ) -> list[AuditRecord] | WmarkError:
-        if precondition is not None:
+    def _append_group(
+        self,
+        session: Session,
+        batch: Sequence[tuple[Sequence[AuditEntry], Precondition | None, object]],
+    ) -> list[list[AuditRecord] | WmarkError]:
+        """Every caller's precondition, then all admitted callers' rows in one insert: each
+        caller gets its rows, or the `WmarkError` its precondition raised."""
+        outcome: list[list[AuditRecord] | WmarkError] = []
+        admitted: list[AuditEntry] = []
+        for entries, precondition, _ in batch:
             try:
-                precondition(session)
+                if precondition is not None:
+                    precondition(session)
             except WmarkError as exc:
-                return exc
-        return self.append_in(session, entries)
+                outcome.append(exc)
+                continue
+            outcome.append([])
+            admitted.extend(entries)
+        records = iter(self.append_in(session, admitted))
+        for (entries, _, _), mine in zip(batch, outcome, strict=True):
+            if isinstance(mine, list):
+                mine.extend(next(records) for _ in entries)
+        return outcome
 
     @staticmethod
     def append_in(session: Session, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
         """Append within a transaction opened by `write_transaction` (so a change and its row
-        commit together)."""
+        commit together).
+
+        One multi-row INSERT through SQLAlchemy Core (no ORM object per row: the unit of work
+        cost ~0.2 ms of CPU a row) and one update of the chain head.
+        """
+        if not entries:
+            return []
         head = _head(session, for_update=True)
-        out = []
+        out, rows = [], []
+        seq, prev_hash = head.seq, head.row_hash
         for entry in entries:
             at = utcnow()
             key_ids = [str(k) for k in entry.key_ids]
-            result = json.loads(_dumps(entry.result))  # what is stored is what is hashed
-            seq = head.seq + 1
+            result_json = _dumps(entry.result)
+            result = json.loads(result_json)  # what is stored is what is hashed
+            seq += 1
             row_hash = chain_hash(
-                head.row_hash,
+                prev_hash,
                 canonical_row(
                     seq=seq,
                     at=at,
@@ -444,20 +467,22 @@ class AuditLog:
                     result=result,
                 ),
             )
-            row = AuditEvent(
+            record = AuditRecord(
                 seq=seq,
                 at=at,
                 actor=entry.actor,
                 action=entry.action,
-                key_ids=_dumps(key_ids),
+                key_ids=tuple(key_ids),
                 text_sha256=entry.text_sha256,
-                result=_dumps(result),
-                prev_hash=head.row_hash,
+                result=result,
+                prev_hash=prev_hash,
                 row_hash=row_hash,
             )
-            session.add(row)
-            head.seq, head.row_hash = seq, row_hash
-            out.append(_record(row))
+            rows.append({**record.to_dict(), "at": at, "key_ids": _dumps(key_ids), "result": result_json})
+            out.append(record)
+            prev_hash = row_hash
+        session.connection().execute(insert(_AUDIT_TABLE), rows)
+        head.seq, head.row_hash = seq, prev_hash
         session.flush()
         return out
 
