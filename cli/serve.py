@@ -152,7 +152,8 @@ def serve(
             access_log=access_log,
             server_header=False,
             timeout_graceful_shutdown=30,
-            http="wmark.api.protocol:JsonErrorH11Protocol",  # protocol-level 400s in the JSON shape
+            http="wmark.api.protocol:JsonErrorHttpToolsProtocol",  # protocol-level 400s in the JSON shape
+            loop="uvloop",
         )
     finally:
         if metrics_dir is not None:
