@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -32,6 +33,7 @@ from wmark.keys import KeyRegistry
 __all__ = ["create_app"]
 
 log = logging.getLogger("wmark.api")
+_THREADS = 40  # requests in progress per process, as anyio's default thread limiter
 
 _DESCRIPTION = """\
 Detects wmark watermarks with exact p-values, and keeps a hash-chained audit log of every answer.
@@ -60,6 +62,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         orphan_watch = watch_parent()
+        executor = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="wmark-api")
         registry = await run_in_threadpool(KeyRegistry.open, settings.registry, migrate=settings.migrate)
         detectors = DetectorCache(registry, on_build=metrics.detector_builds.inc)
         try:
@@ -77,6 +80,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
             ),
             metrics=metrics,
             token_cache=TokenCache(registry.tokens),
+            executor=executor,
         )
         generator = None
         if generation is not None:  # torch loads only here
@@ -89,6 +93,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
         finally:
             if generator is not None:
                 await run_in_threadpool(generator.close)
+            executor.shutdown(wait=True)
             registry.close()
             if orphan_watch is not None:
                 orphan_watch.set()

@@ -1,18 +1,21 @@
 """POST /v1/detect and /v1/detect/batch: verdicts with exact p-values, each one audited.
 
-Detection is CPU-bound, so these are plain `def` endpoints: FastAPI runs them in its thread
-pool and the event loop stays free. The detector comes from the per-process cache; the token's
-revocation and the key set are re-checked in the audit transaction, where the request writes its
-row anyway (one query each per group commit, not per request).
+Detection is CPU-bound, so it runs in the service's thread pool (`Service.in_thread`: one plain
+executor hop, cheaper than FastAPI's anyio hop for `def` endpoints) and the event loop stays
+free. The detector comes from the per-process cache; the token's revocation and the key set are
+re-checked in the audit transaction, where the request writes its row anyway (one query each per
+group commit, not per request).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Request
+import orjson
+from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
 from wmark.api.deps import DetectorToken, Service, ServiceDep, reject
@@ -130,29 +133,40 @@ def _detect_all(
     return answers
 
 
+def _json(value: Any) -> Response:
+    """The answer as JSON, serialised once by orjson: the route's `response_model` documents the
+    shape, which `Detection.to_dict()` already has, so FastAPI's validate-and-dump pass (~0.15 ms
+    a request) is skipped. Non-finite floats become null, as pydantic writes them."""
+    return Response(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+
+
 @router.post(
     "/v1/detect",
     response_model=DetectResponse,
     response_model_exclude_unset=True,  # `tokens` only when asked for, as in `wmark detect --json`
     summary="Detect one text or token-ID list",
 )
-def detect(
+async def detect(
     body: DetectRequest, token: DetectorToken, service: ServiceDep, request: Request
-) -> dict[str, Any]:
+) -> Response:
     """Test a text (or token IDs) against every active and retired key, or the `key_ids` given.
 
     The verdict is "watermarked" when the Holm-adjusted p-value of some key is at most `alpha`.
     The text itself is never stored: the audit log keeps its SHA-256.
     """
-    return _detect_all(
-        service,
-        request,
-        token,
-        [body],
-        key_ids=body.key_ids,
-        alpha=body.alpha,
-        return_tokens=body.return_tokens,
-    )[0]
+    answers = await service.in_thread(
+        partial(
+            _detect_all,
+            service,
+            request,
+            token,
+            [body],
+            key_ids=body.key_ids,
+            alpha=body.alpha,
+            return_tokens=body.return_tokens,
+        )
+    )
+    return _json(answers[0])
 
 
 @router.post(
@@ -161,17 +175,20 @@ def detect(
     response_model_exclude_unset=True,
     summary="Detect many inputs",
 )
-def detect_batch(
+async def detect_batch(
     body: BatchRequest, token: DetectorToken, service: ServiceDep, request: Request
-) -> dict[str, Any]:
+) -> Response:
     """Detect every item with the same keys and alpha; one audit row per item, in order."""
-    results = _detect_all(
-        service,
-        request,
-        token,
-        body.items,
-        key_ids=body.key_ids,
-        alpha=body.alpha,
-        return_tokens=body.return_tokens,
+    results = await service.in_thread(
+        partial(
+            _detect_all,
+            service,
+            request,
+            token,
+            body.items,
+            key_ids=body.key_ids,
+            alpha=body.alpha,
+            return_tokens=body.return_tokens,
+        )
     )
-    return {"results": results}
+    return _json({"results": results})
