@@ -1,27 +1,32 @@
-"""Load on POST /v1/detect via `wmark serve` (1 and 4 workers, SQLite, PostgreSQL) vs in-process detect().
+"""Load on POST /v1/detect via `wmark serve` (1 and 2 workers, SQLite, PostgreSQL) vs in-process detect().
 
-    .venv/bin/python bench/api_load.py [--requests 300] [--rounds 3] [--concurrency 16] [--write]
+    .venv/bin/python bench/api_load.py [--seconds 5] [--rounds 3] [--concurrency 16] [--write]
 
-Texts: 200-token prefixes (Qwen2.5 tokenizer, the embedded pair's) of human-written documents
-found on this machine. The same texts go through `Detector.detect()` in this process (one call
-at a time: the pure detection cost) and through the service, where each request also pays HTTP,
-JSON, bearer-token authentication, the key-set check and one locked audit-log write. This script
-is the load generator: a separate process from the server, a minimal asyncio HTTP/1.1 client
-with `--concurrency` keep-alive connections, one request in flight on each. Latency is what the
-client sees. All servers start (and are warmed up) first; then `--rounds` rounds each measure
-every row in turn; every answer must be 200 and every request must have left exactly one
-audit row. `--write` puts the table
-into BENCHMARKS.md.
+Needs `wrk` (Debian: `apt-get install wrk`), the load generator: a C program, one thread, with
+`--concurrency` keep-alive connections and one request in flight on each, so that it takes
+little of the cores the server runs on (the asyncio client this script used before cost about
+as much CPU per request as the server's HTTP layer). Texts: 200-token prefixes (Qwen2.5
+tokenizer, the embedded pair's) of human-written documents found on this machine. The same
+texts go through `Detector.detect()` in this process (one call at a time: the pure detection
+cost) and through the service, where each request also pays HTTP, JSON, bearer-token
+authentication and its audit-log row. Latency is what wrk sees. All servers start (and are
+warmed up) first; then `--rounds` rounds each measure every row in turn for `--seconds`; every
+answer must be 200 (wrk counts no error and no other status, and the server's own request
+counter agrees), and each database's audit log must hold exactly one row per request its
+servers answered, with the chain intact. The service's CPU time per request (its processes, all
+threads; not the database server's) is the per-core cost. `--write` puts the table into
+BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
+import re
 import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -32,7 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx  # readiness polling only
+import httpx  # readiness polling and the request counter only
+import psutil
 from sqlalchemy import create_engine, text
 
 from wmark.detector import Detector, TextTokenizer
@@ -48,11 +54,13 @@ SECTION = "## Detection service (bench/api_load.py)"
 @dataclass(frozen=True)
 class Row:
     name: str
+    workers: int  # 0: in process
     connections: int
-    requests: int  # per round
+    requests: int  # over all rounds
     rps: float  # median over the rounds
-    p50_ms: float  # over every request of every round
-    p99_ms: float
+    p50_ms: float  # median over the rounds
+    p99_ms: float  # the worst round's
+    cpu_ms: float  # CPU time per request (the service's processes; in-process: this one)
 
 
 @dataclass
@@ -60,25 +68,43 @@ class Series:
     """One row's measurements, round after round."""
 
     name: str
+    workers: int
     connections: int
-    requests: int
+    requests: int = 0
+    cpu_seconds: float = 0.0
     rates: list[float] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)
+    p50s: list[float] = field(default_factory=list)
+    p99s: list[float] = field(default_factory=list)
 
-    def add(self, seconds: float, latencies: list[float]) -> None:
-        self.rates.append(len(latencies) / seconds)
-        self.latencies += latencies
+    def add(self, run: Run) -> None:
+        self.requests += run.requests
+        self.cpu_seconds += run.cpu_seconds
+        self.rates.append(run.requests / run.seconds)
+        self.p50s.append(run.p50_ms)
+        self.p99s.append(run.p99_ms)
 
     def row(self) -> Row:
-        ms = sorted(1000 * x for x in self.latencies)
         return Row(
             self.name,
+            self.workers,
             self.connections,
             self.requests,
             statistics.median(self.rates),
-            statistics.median(ms),
-            _percentile(ms, 0.99),
+            statistics.median(self.p50s),
+            max(self.p99s),
+            1000 * self.cpu_seconds / self.requests,
         )
+
+
+@dataclass(frozen=True)
+class Run:
+    """One round of one row."""
+
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    cpu_seconds: float
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -97,57 +123,84 @@ def _texts(tok: TextTokenizer, n: int, length: int) -> list[str]:
     raise SystemExit(f"only {len(out)} documents of {length} tokens found on this machine")
 
 
-def _in_process(detector: Detector, texts: list[str], requests: int) -> tuple[float, list[float]]:
+def _in_process(detector: Detector, texts: list[str], requests: int) -> Run:
     latencies = []
+    cpu = time.process_time()
     start = time.perf_counter()
     for i in range(requests):
         t0 = time.perf_counter()
         detector.detect(texts[i % len(texts)])
         latencies.append(time.perf_counter() - t0)
-    return time.perf_counter() - start, latencies
+    seconds = time.perf_counter() - start
+    ms = sorted(1000 * x for x in latencies)
+    return Run(requests, seconds, statistics.median(ms), _percentile(ms, 0.99), time.process_time() - cpu)
 
 
-async def _load(url: str, token: str, texts: list[str], requests: int, concurrency: int) -> list[float]:
-    """Send `requests` POST /v1/detect over `concurrency` keep-alive connections; client latencies.
+# wrk's script: cycles through the bodies (one JSON request a line), then prints one parsable line.
+_WRK_LUA = """
+local bodies, i = {}, 0
+init = function(args)
+  for line in io.lines(args[1]) do bodies[#bodies + 1] = line end
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+  wrk.headers["Authorization"] = "Bearer " .. args[2]
+end
+request = function()
+  i = i % #bodies + 1
+  return wrk.format(nil, "/v1/detect", nil, bodies[i])
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("WMARK requests=%d us=%d status=%d errors=%d p50=%d p99=%d\\n",
+    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
 
-    A minimal HTTP/1.1 client on asyncio streams (requests encoded up front, responses read by
-    Content-Length): httpx costs ~3.5 ms of CPU per request, which on 2 shared cores would measure
-    the client rather than the server.
-    """
-    host, port = url.removeprefix("http://").split(":")
-    payloads = []
-    for t in texts:
-        body = json.dumps({"text": t}).encode()
-        head = (
-            f"POST /v1/detect HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        payloads.append(head.encode() + body)
-    latencies: list[float] = []
-    counter = iter(range(requests))
 
-    async def connection() -> None:
-        reader, writer = await asyncio.open_connection(host, int(port))
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process and all its descendants, so far."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
         try:
-            for i in counter:
-                t0 = time.perf_counter()
-                writer.write(payloads[i % len(payloads)])
-                status = await reader.readline()
-                length = 0
-                while (line := await reader.readline()) not in (b"\r\n", b""):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                body = await reader.readexactly(length)
-                latencies.append(time.perf_counter() - t0)
-                if b" 200 " not in status:
-                    raise SystemExit(f"request {i}: {status.decode().strip()}: {body[:200]!r}")
-        finally:
-            writer.close()
-            await writer.wait_closed()
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
-    await asyncio.gather(*(connection() for _ in range(concurrency)))
-    return latencies
+
+def _load(server: Server, seconds: float, connections: int, tmp: Path) -> Run:
+    """`connections` keep-alive connections of wrk for `seconds`; all answers must be 200."""
+    cpu = _tree_cpu(server.proc.pid)
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s"]
+    cmd += ["-s", str(tmp / "detect.lua"), server.url, "--", str(tmp / "bodies.txt"), server.token]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    cpu = _tree_cpu(server.proc.pid) - cpu
+    match = re.search(r"WMARK requests=(\d+) us=(\d+) status=(\d+) errors=(\d+) p50=(\d+) p99=(\d+)", out)
+    if match is None:
+        raise SystemExit(f"wrk printed no summary:\n{out}")
+    requests, micros, status, errors, p50, p99 = (int(g) for g in match.groups())
+    if status or errors or not requests:
+        raise SystemExit(f"{server.label}: {status} answers were not 200 and {errors} failed:\n{out}")
+    return Run(requests, micros / 1e6, p50 / 1000, p99 / 1000, cpu)
+
+
+def _answered(server: Server) -> int:
+    """The server's own count of POST /v1/detect answers (all workers); they must all be 200s."""
+    metrics = httpx.get(
+        f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.auditor}"}, timeout=10
+    ).text
+    counts: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith("wmark_http_requests_total{") and 'route="/v1/detect"' in line:
+            status = re.search(r'status="(\d+)"', line)
+            assert status is not None
+            counts[status.group(1)] = counts.get(status.group(1), 0) + float(line.rsplit(" ", 1)[1])
+    if set(counts) - {"200"}:
+        raise SystemExit(f"{server.label}: answers other than 200: {counts}")
+    return int(counts.get("200", 0))
 
 
 def _serve(env: dict[str, str], workers: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -184,16 +237,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @dataclass
 class Server:
-    """A running `wmark serve` and the detector token the load uses."""
+    """A running `wmark serve`, the detector token the load uses and an auditor token."""
 
     label: str
     workers: int
     proc: subprocess.Popen[bytes]
     url: str
     token: str
+    auditor: str
 
 
-def _start(config: RegistryConfig, label: str, workers: int, texts: list[str], tmp: Path) -> Server:
+def _start(config: RegistryConfig, label: str, workers: int, tmp: Path) -> Server:
     env = {
         **os.environ,
         "WMARK_HOME": str(config.home),
@@ -204,21 +258,25 @@ def _start(config: RegistryConfig, label: str, workers: int, texts: list[str], t
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with KeyRegistry.open(config) as reg:
         token = reg.tokens.create("detector", f"bench-{label}-{workers}", actor="bench").token
+        auditor = reg.tokens.create("auditor", f"bench-{label}-{workers}-metrics", actor="bench").token
     proc, url = _serve(env, workers, tmp / f"server-{label}-{workers}.log")
-    asyncio.run(_load(url, token, texts, 16 * workers, 4 * workers))  # warm-up: every worker answers
-    return Server(label, workers, proc, url, token)
+    server = Server(label, workers, proc, url, token, auditor)
+    _load(server, 2.0, 4 * workers, tmp)  # warm-up: every worker answers
+    return server
 
 
 def _table(rows: list[Row], baseline: Row) -> str:
     lines = [
-        "| path | connections | requests | req/s | p50 ms | p99 ms | req/s ÷ in-process |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| path | workers | connections | requests | req/s | p50 ms | p99 ms | CPU ms / request"
+        " | req/s ÷ in-process |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         ratio = r.rps / baseline.rps
+        workers = str(r.workers) if r.workers else "-"
         lines.append(
-            f"| {r.name} | {r.connections} | {r.requests} | {r.rps:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f}"
-            f" | {ratio:.3f} |"
+            f"| {r.name} | {workers} | {r.connections} | {r.requests} | {r.rps:.0f} | {r.p50_ms:.2f}"
+            f" | {r.p99_ms:.2f} | {r.cpu_ms:.2f} | {ratio:.3f} |"
         )
     return "\n".join(lines)
 
@@ -237,12 +295,15 @@ def _write(markdown: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=300, help="per row and round")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per service row and round")
+    parser.add_argument("--requests", type=int, default=1000, help="in-process detections per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--texts", type=int, default=200, help="distinct 200-token texts")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("this benchmark's load generator is wrk: install it (Debian: apt-get install wrk)")
 
     from wmark.generator.embedded import embedded_tokenizer_json
 
@@ -273,30 +334,30 @@ def main() -> None:
                     secret_keys.append(reg.material(key.key_id))
             detector = Detector(secret_keys[:1], {tok.sha256: tokenizer_json})
             _in_process(detector, texts, 50)  # warm-up
-            audit_before = {}
+            (tmp / "detect.lua").write_text(_WRK_LUA)
+            (tmp / "bodies.txt").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+            audit_before, answered_before = {}, {}
             for label, config in configs.items():
-                servers += [_start(config, label, workers, texts, tmp) for workers in (1, 4)]
+                servers += [_start(config, label, workers, tmp) for workers in (1, 2)]
                 with KeyRegistry.open(config) as reg:
                     audit_before[label] = reg.audit.count()
-            baseline = Series("in-process `Detector.detect()`", 1, args.requests)
+            for server in servers:
+                answered_before[server.url] = _answered(server)
+            baseline = Series("in-process `Detector.detect()`", 0, 1)
             series: list[tuple[Server, Series]] = []
             for server in servers:
-                plural = "s" if server.workers > 1 else ""
-                name = f"service, {server.label}, {server.workers} worker{plural}"
+                name = f"service, {server.label}"
                 if server.workers == 1:
-                    series.append((server, Series(name, 1, args.requests // 3)))
-                series.append((server, Series(name, args.concurrency, args.requests)))
-            sent = dict.fromkeys(configs, 0)
+                    series.append((server, Series(name, server.workers, 1)))
+                series.append((server, Series(name, server.workers, args.concurrency)))
             for round_no in range(args.rounds):  # rows alternate: drift of the machine hits all alike
-                baseline.add(*_in_process(detector, texts, args.requests))
+                baseline.add(_in_process(detector, texts, args.requests))
                 for server, row in series:
-                    start = time.perf_counter()
-                    latencies = asyncio.run(
-                        _load(server.url, server.token, texts, row.requests, row.connections)
-                    )
-                    row.add(time.perf_counter() - start, latencies)
-                    sent[server.label] += row.requests
+                    row.add(_load(server, args.seconds, row.connections, tmp))
                 print(f"round {round_no + 1}/{args.rounds} done", file=sys.stderr)
+            answered = dict.fromkeys(configs, 0)
+            for server in servers:
+                answered[server.label] += _answered(server) - answered_before[server.url]
         finally:
             for server in servers:
                 _stop(server.proc)
@@ -304,9 +365,9 @@ def main() -> None:
             for label, config in configs.items():
                 with KeyRegistry.open(config) as reg:
                     written = reg.audit.count() - audit_before[label]
-                    if written != sent[label] or not reg.audit.verify().ok:
+                    if written != answered[label] or not reg.audit.verify().ok:
                         raise SystemExit(
-                            f"{label}: {written} audit rows for {sent[label]} requests, or a broken chain"
+                            f"{label}: {written} audit rows for {answered[label]} answers, or a broken chain"
                         )
         finally:
             with admin.connect() as conn:
@@ -321,27 +382,32 @@ def main() -> None:
     markdown = f"""{SECTION}
 
 `{command}`, one run of {args.rounds} rounds, loopback. This machine: {os.cpu_count()} cores
-({cpu}), shared with the load generator (this script: one process, a minimal asyncio HTTP/1.1
-client over keep-alive connections, one request in flight on each) and with other engineers' work
-(1-minute load average {load_before:.1f} at the start), so the figures are noisy. {len(texts)}
-distinct texts of {n_tokens:.0f} Qwen2.5 tokens (human-written documents found on the machine), one key.
+({cpu}), shared with the load generator (wrk: one C thread, keep-alive connections, one request
+in flight on each) and with other engineers' work (1-minute load average {load_before:.1f} at the
+start), so the figures are noisy. {len(texts)} distinct texts of {n_tokens:.0f} Qwen2.5 tokens
+(human-written documents found on the machine), one key.
 
-All servers run from the start; each round measures every row in turn, so drift of the machine
-hits all rows alike: req/s is the median over the rounds, p50/p99 are over every request. The
-in-process row calls `Detector.detect()` one text at a time. The 1-connection rows send one
-request at a time (latency without queueing); the {args.concurrency}-connection rows measure throughput
-under load. Each service request also pays HTTP + JSON, the bearer-token check (cached per
-process; the token's revocation is re-checked inside the audit transaction), the key-set check
-(one SELECT) and its audit-log row, written under the database write lock (SQLite: BEGIN
-IMMEDIATE, WAL; PostgreSQL: row lock on the chain head) and group-committed with the rows of
-concurrent requests of the same worker. Every response was 200, and at the end each database's
-audit log held exactly one row per request sent to it and its chain verified.
+All servers run from the start; each round measures every row in turn ({args.seconds:g} s each), so
+drift of the machine hits all rows alike: req/s and p50 are medians over the rounds, p99 is the
+worst round's. The in-process row calls `Detector.detect()` one text at a time ({args.requests} a
+round). The 1-connection rows send one request at a time (latency without queueing); the
+{args.concurrency}-connection rows measure throughput under load. "CPU ms / request" is the CPU
+time (user + system, all threads) of the service's processes per answered request: the cost per
+core, whatever the machine (the PostgreSQL server's own CPU is not in it). Each service request
+pays HTTP + JSON, the bearer-token check (cached per process), its detection and its audit-log
+row, group-committed with the rows of concurrent requests of the same worker under the
+database write lock (SQLite: BEGIN IMMEDIATE, WAL; PostgreSQL: row lock on the chain head); in
+that transaction, once per group, the token's revocation and the key set are re-checked. Every
+answer was 200 (wrk saw no error and no other status; the server's request counter agrees),
+and at the end each database's audit log held exactly one row per answered request and its chain
+verified.
 
 {table}
 
-With {os.cpu_count()} cores, 4 workers cannot run 4 detections at once, and they share the cores with the
-load generator and (PostgreSQL) the database server: more workers than cores adds contention here.
-On a machine with more cores the worker count is what scales throughput.
+With {os.cpu_count()} cores, the 2-worker rows use both cores for the service, the 1-worker rows
+at most one for Python (the GIL) plus what the database and the kernel do beside it; the
+in-process row uses one core. The load generator and (PostgreSQL) the database server run on
+the same cores.
 """
     print(markdown)
     if args.write:
