@@ -265,6 +265,23 @@ def test_detector_is_cached_and_rebuilt_when_keys_change(api, planted, monkeypat
     assert len(parsed) == 1
 
 
+def test_keys_that_keep_changing_under_a_request_refuse_it_unanswered(api, planted, monkeypatch):
+    import wmark.api.detectors as detectors
+
+    attempts = []
+
+    def changed(self, session) -> None:
+        attempts.append(self.state)
+        raise detectors.KeysChanged("the keys changed while this request was answered; send it again")
+
+    monkeypatch.setattr(detectors.KeySet, "unchanged", changed)
+    detected = len(api.registry.audit.page(limit=100, action="detect"))
+    refused = api.call("POST", "/v1/detect", json={"text": api.text(9, planted=planted)})
+    assert refused.status_code == 409 and refused.json()["code"] == "keys_changed"
+    assert len(attempts) == 3  # detected again with freshly read keys, twice, then refused
+    assert len(api.registry.audit.page(limit=100, action="detect")) == detected  # no answer audited
+
+
 def test_detector_is_built_at_start_up(registry_config, word_tokenizer_json):
     with KeyRegistry.open(registry_config) as reg:
         reg.create_key("k", reg.add_tokenizer(word_tokenizer_json, "words"))

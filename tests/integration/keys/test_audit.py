@@ -14,6 +14,7 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from wmark.cli.main import app
+from wmark.errors import InputError
 from wmark.keys import KeyRegistry
 from wmark.keys.audit import GENESIS, AuditEntry, AuditLogCorrupt, canonical_row, chain_hash
 
@@ -272,6 +273,26 @@ def test_a_failed_group_commit_fails_its_callers_and_the_log_recovers(registry):
     _exec(registry, "ALTER TABLE audit_head_moved RENAME TO audit_head")
     assert [r.seq for r in registry.audit.append(*_entries(1))] == [2]  # nothing half-written
     assert registry.audit.verify().ok
+
+
+def test_a_refused_precondition_fails_only_its_caller(registry):
+    # 8 threads append at once (so they share group commits); the odd ones' preconditions refuse:
+    # those callers get the refusal and write nothing, the others get their rows in one chain
+    seen_sessions = []
+
+    def refuse(session) -> None:
+        seen_sessions.append(session)
+        raise InputError("refused")
+
+    def worker(i: int):
+        return registry.audit.append(*_entries(2, actor=f"t{i}"), precondition=refuse if i % 2 else None)
+
+    results = _threads(8, worker)
+    assert all(isinstance(r, InputError) for r in results[1::2]), results
+    assert all([rec.actor for rec in r] == [f"t{i}"] * 2 for i, r in list(enumerate(results))[0::2])
+    assert len(seen_sessions) == 4
+    assert registry.audit.count() == 8 and registry.audit.verify().ok
+    assert {r.actor for r in registry.audit.tail(8)} == {"t0", "t2", "t4", "t6"}
 
 
 def test_verify_while_writers_append_sees_a_consistent_snapshot(registry):

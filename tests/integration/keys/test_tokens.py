@@ -6,13 +6,14 @@ import hashlib
 import json
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from typer.testing import CliRunner
 
 from wmark import InputError
 from wmark.cli.main import app
 from wmark.keys import KeyRegistry
-from wmark.keys.tokens import TokenNotFoundError, TokenRejected
+from wmark.keys.audit import write_transaction
+from wmark.keys.tokens import TokenNotFoundError, TokenRejected, TokenStore
 
 runner = CliRunner()
 
@@ -105,3 +106,25 @@ def test_tokens_cli(registry_config):
         reg.tokens.authenticate(token)
     assert _invoke("tokens", "revoke", "nope").exit_code == 2
     assert _invoke("tokens", "create", "--role", "root").exit_code == 2
+
+
+def test_a_revocation_check_is_one_query_per_transaction_and_sees_every_commit(registry):
+    # the service re-checks a cached token in each group commit: once per transaction, however
+    # many of the group's requests carry it, and a revocation committed since is always seen
+    token = registry.tokens.create("detector", "cached", actor="test").info.token_id
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, *args) -> None:
+        statements.append(statement)
+
+    event.listen(registry.engine, "before_cursor_execute", record)
+    try:
+        with write_transaction(registry.sessions) as session:
+            for _ in range(3):
+                TokenStore.ensure_unrevoked(session, token)
+    finally:
+        event.remove(registry.engine, "before_cursor_execute", record)
+    assert sum("api_tokens" in s for s in statements) == 1
+    registry.tokens.revoke(token, actor="test")
+    with pytest.raises(TokenRejected), write_transaction(registry.sessions) as session:
+        TokenStore.ensure_unrevoked(session, token)
