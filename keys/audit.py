@@ -357,6 +357,50 @@ def _head(session: Session, *, for_update: bool = False) -> AuditHead:
     return head
 
 
+def _append_locked(session: Session, head: AuditHead, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
+    """Append after `head` (locked by this transaction) and move the head to the last new row."""
+    if not entries:
+        return []
+    out, rows = [], []
+    seq, prev_hash = head.seq, head.row_hash
+    for entry in entries:
+        at = utcnow()
+        key_ids = [str(k) for k in entry.key_ids]
+        result_json = _dumps(entry.result)
+        result = json.loads(result_json)  # what is stored is what is hashed
+        seq += 1
+        row_hash = chain_hash(
+            prev_hash,
+            canonical_row(
+                seq=seq,
+                at=at,
+                actor=entry.actor,
+                action=entry.action,
+                key_ids=key_ids,
+                text_sha256=entry.text_sha256,
+                result=result,
+            ),
+        )
+        record = AuditRecord(
+            seq=seq,
+            at=at,
+            actor=entry.actor,
+            action=entry.action,
+            key_ids=tuple(key_ids),
+            text_sha256=entry.text_sha256,
+            result=result,
+            prev_hash=prev_hash,
+            row_hash=row_hash,
+        )
+        rows.append({**record.to_dict(), "at": at, "key_ids": _dumps(key_ids), "result": result_json})
+        out.append(record)
+        prev_hash = row_hash
+    session.connection().execute(insert(_AUDIT_TABLE), rows)
+    head.seq, head.row_hash = seq, prev_hash
+    session.flush()
+    return out
+
+
 class AuditLog:
     """The audit log of one database.
 
@@ -418,7 +462,12 @@ class AuditLog:
         batch: Sequence[tuple[Sequence[AuditEntry], Precondition | None, object]],
     ) -> list[list[AuditRecord] | WmarkError]:
         """Every caller's precondition, then all admitted callers' rows in one insert: each
-        caller gets its rows, or the `WmarkError` its precondition raised."""
+        caller gets its rows, or the `WmarkError` its precondition raised.
+
+        The chain head is locked first, so that the preconditions see what every earlier writer
+        committed and nothing can commit after them (on PostgreSQL the head's row lock is the
+        write lock; SQLite's BEGIN IMMEDIATE already holds it)."""
+        head = _head(session, for_update=True)
         outcome: list[list[AuditRecord] | WmarkError] = []
         admitted: list[AuditEntry] = []
         for entries, precondition, _ in batch:
@@ -430,7 +479,7 @@ class AuditLog:
                 continue
             outcome.append([])
             admitted.extend(entries)
-        records = iter(self.append_in(session, admitted))
+        records = iter(_append_locked(session, head, admitted))
         for (entries, _, _), mine in zip(batch, outcome, strict=True):
             if isinstance(mine, list):
                 mine.extend(next(records) for _ in entries)
@@ -444,47 +493,7 @@ class AuditLog:
         One multi-row INSERT through SQLAlchemy Core (no ORM object per row: the unit of work
         cost ~0.2 ms of CPU a row) and one update of the chain head.
         """
-        if not entries:
-            return []
-        head = _head(session, for_update=True)
-        out, rows = [], []
-        seq, prev_hash = head.seq, head.row_hash
-        for entry in entries:
-            at = utcnow()
-            key_ids = [str(k) for k in entry.key_ids]
-            result_json = _dumps(entry.result)
-            result = json.loads(result_json)  # what is stored is what is hashed
-            seq += 1
-            row_hash = chain_hash(
-                prev_hash,
-                canonical_row(
-                    seq=seq,
-                    at=at,
-                    actor=entry.actor,
-                    action=entry.action,
-                    key_ids=key_ids,
-                    text_sha256=entry.text_sha256,
-                    result=result,
-                ),
-            )
-            record = AuditRecord(
-                seq=seq,
-                at=at,
-                actor=entry.actor,
-                action=entry.action,
-                key_ids=tuple(key_ids),
-                text_sha256=entry.text_sha256,
-                result=result,
-                prev_hash=prev_hash,
-                row_hash=row_hash,
-            )
-            rows.append({**record.to_dict(), "at": at, "key_ids": _dumps(key_ids), "result": result_json})
-            out.append(record)
-            prev_hash = row_hash
-        session.connection().execute(insert(_AUDIT_TABLE), rows)
-        head.seq, head.row_hash = seq, prev_hash
-        session.flush()
-        return out
+        return _append_locked(session, _head(session, for_update=True), entries)
 
     def tail(self, n: int = 20) -> list[AuditRecord]:
         """The last `n` rows, oldest first."""
