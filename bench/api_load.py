@@ -203,6 +203,16 @@ def _answered(server: Server) -> int:
     return int(counts.get("200", 0))
 
 
+def _settled(server: Server) -> int:
+    """`_answered` once the requests wrk left in flight when it stopped are done (the count holds)."""
+    count = _answered(server)
+    while True:
+        time.sleep(0.5)
+        count, before = _answered(server), count
+        if count == before:
+            return count
+
+
 def _serve(env: dict[str, str], workers: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -339,10 +349,11 @@ def main() -> None:
             audit_before, answered_before = {}, {}
             for label, config in configs.items():
                 servers += [_start(config, label, workers, tmp) for workers in (1, 2)]
+            for server in servers:
+                answered_before[server.url] = _settled(server)
+            for label, config in configs.items():
                 with KeyRegistry.open(config) as reg:
                     audit_before[label] = reg.audit.count()
-            for server in servers:
-                answered_before[server.url] = _answered(server)
             baseline = Series("in-process `Detector.detect()`", 0, 1)
             series: list[tuple[Server, Series]] = []
             for server in servers:
@@ -357,7 +368,7 @@ def main() -> None:
                 print(f"round {round_no + 1}/{args.rounds} done", file=sys.stderr)
             answered = dict.fromkeys(configs, 0)
             for server in servers:
-                answered[server.label] += _answered(server) - answered_before[server.url]
+                answered[server.label] += _settled(server) - answered_before[server.url]
         finally:
             for server in servers:
                 _stop(server.proc)
