@@ -20,8 +20,9 @@ import numpy as np
 import numpy.typing as npt
 
 from wmark.contexts import prefix_positions, scored_positions
-from wmark.detector.normalize import NormalizedText, reading_texts, text_variants
+from wmark.detector.normalize import NormalizedText, reading_texts, sentence_case, text_variants
 from wmark.detector.result import Detection, KeyResult, TokenEvidence, Verdict
+from wmark.detector.splice import canonical_readings
 from wmark.detector.tokenize import TextTokenizer
 from wmark.errors import InputError, InsufficientTextError, TokenizerError
 from wmark.keymaterial import KeyMaterial
@@ -318,9 +319,10 @@ class Detector:
                 for variant in text_variants(text) if normalizing else [NormalizedText.identity(text)]:
                     ids, offsets = tok.encode_with_offsets(variant.text)
                     encodings.append(Encoding(ids, variant.map_offsets(offsets)))
+            elif normalizing:
+                encodings = [Encoding(ids) for ids in reading_ids(tok, [text], [tok.encode(text)])[0]]
             else:
-                texts = reading_texts(text) if normalizing else [text]
-                encodings = [Encoding(tok.encode(t)) for t in texts]
+                encodings = [Encoding(tok.encode(text))]
             by_sha[sha] = _distinct(encodings)
         return Encodings(by_sha)
 
@@ -329,16 +331,15 @@ class Detector:
 
         No checks: see `check_text`.
         """
-        variants = [reading_texts(t) if self.normalize else [] for t in texts]
-        flat = list(texts) + [v for vs in variants for v in vs[1:]]
-        batches = {sha: self.tokenizer(sha).encode_batch(flat) for sha in self._shas}
-        out, extra = [], len(texts)
-        for i, vs in enumerate(variants):
-            rows = [i, *range(extra, extra + max(0, len(vs) - 1))]
-            extra += max(0, len(vs) - 1)
-            by_sha = {sha: _distinct([Encoding(batches[sha][r]) for r in rows]) for sha in self._shas}
-            out.append(Encodings(by_sha))
-        return out
+        by_sha = {}
+        for sha in self._shas:
+            tok = self.tokenizer(sha)
+            ids = tok.encode_batch(texts)
+            by_sha[sha] = reading_ids(tok, texts, ids) if self.normalize else [[x] for x in ids]
+        return [
+            Encodings({sha: _distinct([Encoding(x) for x in by_sha[sha][i]]) for sha in self._shas})
+            for i in range(len(texts))
+        ]
 
     def score_keys(self, encodings: Encodings, *, start: int = 0) -> list[KeyScore]:
         """Every key's scored positions, pivots and exact test on one input.
@@ -450,6 +451,36 @@ class Detector:
             tokens=_token_evidence(chosen.encoding, chosen.pivots) if return_tokens else None,
             source=source,
         )
+
+
+def reading_ids(
+    tok: TextTokenizer, texts: Sequence[str], ids: Sequence[npt.NDArray[np.uint32]]
+) -> list[list[npt.NDArray[np.uint32]]]:
+    """The token IDs of every reading of each text (`reading_texts`), given the texts' own.
+
+    The canonical reading is spliced from the text's tokens where the tokenizer allows it
+    (`wmark.detector.splice`: only its changed lines are tokenised), else tokenised in full;
+    a sentence-case reading (rare) is tokenised in full. One batch call per kind of reading.
+    """
+    tables = tok.splice_tables
+    if tables is None:
+        variants = [reading_texts(t)[1:] for t in texts]
+        flat = tok.encode_batch([v for vs in variants for v in vs])
+        out, k = [], 0
+        for first, vs in zip(ids, variants, strict=True):
+            out.append([first, *flat[k : k + len(vs)]])
+            k += len(vs)
+        return out
+    canonical = canonical_readings(tables, texts, ids, tok.encode_batch)
+    out = [[first] if c is None else [first, c[1]] for first, c in zip(ids, canonical, strict=True)]
+    recased: list[tuple[int, str]] = []
+    for i, (text, c) in enumerate(zip(texts, canonical, strict=True)):
+        reading = sentence_case(text if c is None else c[0])
+        if reading is not None and reading != text and (c is None or reading != c[0]):
+            recased.append((i, reading))
+    for (i, _), recased_ids in zip(recased, tok.encode_batch([r for _, r in recased]), strict=True):
+        out[i].append(recased_ids)
+    return out
 
 
 def _distinct(encodings: Sequence[Encoding]) -> tuple[Encoding, ...]:

@@ -29,7 +29,14 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["NormalizedText", "canonical_text", "normalize", "reading_texts", "text_variants"]
+__all__ = [
+    "NormalizedText",
+    "canonical_text",
+    "normalize",
+    "reading_texts",
+    "sentence_case",
+    "text_variants",
+]
 
 _LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 # Hangul fillers and the combining grapheme joiner render as nothing but are not category Cf.
@@ -38,9 +45,20 @@ _SENTENCE_START = re.compile(r"(^|[.!?]\s+|\n\s*)([a-z])")
 _LONE_I = re.compile(r"\bi\b")
 _LOWER_SENTENCE = re.compile(r"[a-z][.!?] +[a-z]")
 _WORDS = re.compile(r"[^\W\d_]+")
+# bytes of UTF-8 text -> "a" (a-z), "A" (A-Z and bytes of non-ASCII characters), " " (the rest)
+_CASE_CLASSES = bytes(
+    ord("a") if 0x61 <= b <= 0x7A else ord("A") if 0x41 <= b <= 0x5A or b >= 0x80 else ord(" ")
+    for b in range(256)
+)
 _OTHER_BREAKS = re.compile(r"[\r\x0b\x0c\x1c-\x1e]")
-_TRAILING_RUN = re.compile(r"(?<=\S)[^\S\n]+(?=\n|\Z)")
-_INNER_RUN = re.compile(r"(?<=\S)[^\S\n]+(?=\S)")
+_NON_ASCII_BREAKS = re.compile("[\x85\u2028\u2029]")
+_NON_ASCII_RUN = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+")
+# Runs of spaces inside a line after a non-space: before a line break or the end (dropped), or
+# before a non-space when not one space already (made one). Each pattern starts with a space
+# character, so the regex engine skips everything else at C speed; the look-behind then checks
+# the non-space before the run.
+_TRAILING_RUN = re.compile(r"[^\S\n](?<=\S[^\S\n])[^\S\n]*(?=\n|\Z)")
+_INNER_RUN = re.compile(r"[^\S\n](?<=\S[^\S\n])(?:(?<=[^ ])[^\S\n]*|[^\S\n]+)(?=\S)")
 # ASCII text that normalisation could change: a line break other than LF, spaces before a line
 # break or at the end, or a run inside a line that is not one space (may over-match: then the
 # slow path runs and finds nothing to change).
@@ -170,12 +188,45 @@ def normalize(text: str) -> NormalizedText:
 
 
 def canonical_text(text: str) -> str:
-    """`normalize(text).text` without the character map (ASCII text at C speed)."""
+    """`normalize(text).text` without the character map, at C speed outside non-ASCII runs.
+
+    The same two stages as `_canonical`, each over the whole text: characters (CR LF, then
+    each non-ASCII run: `_visible_run`), then line breaks and spaces (regular expressions).
+    """
+    text = text.replace("\r\n", "\n")  # a CR before an LF is always a cluster of its own
     if not text.isascii():
-        return _canonical(text).text
-    # ASCII: no format characters, NFKC and the fold change nothing; only whitespace remains
-    text = _OTHER_BREAKS.sub("\n", text.replace("\r\n", "\n"))
+        text = _NON_ASCII_RUN.sub(_visible_run, text)
+        text = _NON_ASCII_BREAKS.sub("\n", text)
+    text = _OTHER_BREAKS.sub("\n", text)
     return _INNER_RUN.sub(" ", _TRAILING_RUN.sub("", text))
+
+
+class _CharTable(dict[int, str]):
+    """ord(ch) -> what `_canonical` writes for ch as a cluster of its own, filled on first use
+    (a `str.translate` table: the distinct characters of real text are few)."""
+
+    def __missing__(self, cp: int) -> str:
+        ch = chr(cp)
+        out = "" if _is_invisible(ch) else _fold_all(unicodedata.normalize("NFKC", ch))
+        self[cp] = out
+        return out
+
+
+_CHARS = _CharTable()
+
+
+def _fold_all(text: str) -> str:
+    fold = _ascii_fold()
+    return "".join(fold.get(ch, ch) for ch in text)
+
+
+def _visible_run(match: re.Match[str]) -> str:
+    """The character stage of `_canonical` for one non-ASCII run and the character before it
+    (a combining mark at the run's start belongs to that character's cluster)."""
+    run = match.group()
+    if not any(_continues_cluster(ch) for ch in set(run)):
+        return run.translate(_CHARS)  # every character is a cluster of its own
+    return "".join(_fold_all(unicodedata.normalize("NFKC", run[s:e])) for s, e in _clusters(run))
 
 
 def _canonical(text: str) -> NormalizedText:
@@ -217,7 +268,7 @@ def _canonical(text: str) -> NormalizedText:
     return NormalizedText("".join(chars), tuple(starts), tuple(ends), len(text))
 
 
-def _sentence_case(text: str) -> str | None:
+def sentence_case(text: str) -> str | None:
     """A sentence-case reading of a text written in one case throughout, else None.
 
     Generated prose is lower case with capitals at sentence starts; a text whose letters are
@@ -229,6 +280,8 @@ def _sentence_case(text: str) -> str | None:
     # lower case throughout is also how code and identifiers look: only prose, whose sentences
     # then start in lower case, gets the reading
     all_lower = text.islower() and len(_LOWER_SENTENCE.findall(text)) >= 2
+    if not (all_upper or all_lower) and not _may_be_title(text):
+        return None
     words = _WORDS.findall(text)
     if len(words) < 5:
         return None
@@ -242,12 +295,26 @@ def _sentence_case(text: str) -> str | None:
     return _LONE_I.sub("I", recased)
 
 
+def _may_be_title(text: str) -> bool:
+    """False when counting bytes shows that fewer than 90% of the words of `text` can start
+    with a capital (the title-case test of `sentence_case`, ruled out at C speed).
+
+    Words that start with a-z after an ASCII non-letter are some of the words N that do not
+    start with a capital; the capitals (A-Z, or a non-ASCII character, which has a byte above
+    0x7f) bound the words U that do. Title case needs U >= 0.9 (U + N), so N <= U / 9; the
+    margin of one word covers the rounding of 0.9 * len(words).
+    """
+    classes = text.encode("utf-8").translate(_CASE_CLASSES)
+    lower_starts = classes.count(b" a") + classes.startswith(b"a")
+    return 9 * lower_starts <= classes.count(b"A") + 9
+
+
 def reading_texts(text: str) -> list[str]:
     """The texts of `text_variants(text)`, without character maps (what detection without
     offsets needs; ASCII text at C speed)."""
     out = [text]
     canonical = canonical_text(text)
-    for candidate in (canonical, _sentence_case(canonical)):
+    for candidate in (canonical, sentence_case(canonical)):
         if candidate is not None and candidate not in out:
             out.append(candidate)
     return out
@@ -262,7 +329,7 @@ def text_variants(text: str) -> list[NormalizedText]:
     """
     out = [NormalizedText.identity(text)]
     canonical = normalize(text)
-    recased = _sentence_case(canonical.text)
+    recased = sentence_case(canonical.text)
     candidates = [canonical]
     if recased is not None:
         same_map = (canonical.starts, canonical.ends, canonical.original_length)

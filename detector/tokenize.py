@@ -6,6 +6,7 @@ user types after `--tokenizer` into tokenizer.json bytes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
+from wmark.detector.splice import SpliceTables
 from wmark.errors import TokenizerError
 from wmark.spec import TokenizerRef
 
@@ -38,6 +40,13 @@ class TextTokenizer:
         self.name = name
         self.sha256 = hashlib.sha256(json_bytes).hexdigest()
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self._json = json_bytes
+
+    @functools.cached_property
+    def splice_tables(self) -> SpliceTables | None:
+        """What splicing a canonical reading's tokens needs (`wmark.detector.splice`), or None
+        for a tokenizer whose tokens cannot be spliced (built on first use)."""
+        return SpliceTables.from_json(self._json)
 
     @property
     def ref(self) -> TokenizerRef:

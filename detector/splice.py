@@ -1,0 +1,270 @@
+"""The canonical reading's token IDs without tokenising the whole text again.
+
+Most texts that get a canonical reading differ from it in a few lines (a trailing space, two
+spaces before a comment, a look-alike letter), yet tokenising the reading costs as much as
+tokenising the text. For the byte-level BPE tokenizers whose pre-tokeniser is GPT-4's regex
+(Qwen2, Llama 3), a text splits into *chunks* at every line start whose line holds a printable
+ASCII character after its indentation (`[ \\t]*[!-~]` after a "\\n"):
+
+- no pre-token crosses such a boundary (the only matches that hold a "\\n" end with it or are
+  whitespace-only, and the line after it is not), so a text's tokens are its chunks' tokens
+  laid end to end;
+- `canonical_text` works line by line and keeps indentation and printable ASCII, so the
+  canonical text is the chunks' canonical texts laid end to end, with the same boundaries.
+
+So only the chunks that normalisation changes are tokenised again, and their tokens replace
+the text's own. Which chunks may change is read off the text's tokens (`SpliceTables`): a
+token with a character other than printable ASCII and spaces/tabs/"\\n", or a run of spaces or
+tabs after a non-space that is not one space before a non-space. The tests hold the result
+equal to tokenising the canonical text, token for token, on many texts. Any other tokenizer
+(another pre-tokeniser, a normaliser, an added token that could span a line) is not spliced:
+`SpliceTables.from_json` returns None and the caller tokenises the reading in full.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wmark.detector.normalize import canonical_text
+
+__all__ = ["SpliceTables", "canonical_readings"]
+
+# GPT-4's pre-tokeniser (cl100k) as Qwen2 (one digit per pre-token) and Llama 3 (up to three)
+# write it; both have the boundary property above.
+_SAFE_PATTERNS = frozenset(
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+    + digits
+    + "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+    for digits in ("", "{1,3}")
+)
+_ASCII_SPACE = frozenset(b" \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f")  # str.isspace() in ASCII
+_RUN_CHARS = frozenset(b" \t\x1f")  # spaces inside a line (the other ASCII spaces break lines)
+
+
+@functools.cache
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte in a token string."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {b: b for b in printable}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+@dataclass(frozen=True)
+class SpliceTables:
+    """Per token ID, what splicing needs to know about its bytes.
+
+    Attributes:
+        byte_len: the token's length in UTF-8 bytes of the text.
+        site: a character normalisation may change (not printable ASCII, space, tab or "\\n"),
+            or a non-space followed by a space inside the token (added tokens: always).
+        ends_solid: the last byte is not an ASCII space.
+        starts_run: the first byte is a space, tab or \\x1f (a run inside a line starts here).
+        one_space: the token is a space followed by a non-space (a run of exactly one space).
+        lone_space: the token is " ".
+        starts_solid: the first byte is not an ASCII space.
+        ends_line: the last byte is "\\n".
+        line_start: the token is `[ \\t]*[!-~]...` (a line that is not blank starts here).
+        blank: the token is spaces and tabs only.
+    """
+
+    byte_len: npt.NDArray[np.int64]
+    site: npt.NDArray[np.bool_]
+    ends_solid: npt.NDArray[np.bool_]
+    starts_run: npt.NDArray[np.bool_]
+    one_space: npt.NDArray[np.bool_]
+    lone_space: npt.NDArray[np.bool_]
+    starts_solid: npt.NDArray[np.bool_]
+    ends_line: npt.NDArray[np.bool_]
+    line_start: npt.NDArray[np.bool_]
+    blank: npt.NDArray[np.bool_]
+
+    @classmethod
+    def from_json(cls, tokenizer_json: bytes) -> SpliceTables | None:
+        """The tables of a tokenizer whose tokens splice at line starts, else None."""
+        config = json.loads(tokenizer_json)
+        if not _splices(config):
+            return None
+        alphabet = _byte_alphabet()
+        tokens: dict[int, bytes] = {}
+        for piece, token_id in config["model"]["vocab"].items():
+            if any(ch not in alphabet for ch in piece):
+                return None
+            tokens[int(token_id)] = bytes(alphabet[ch] for ch in piece)
+        added = {int(a["id"]): a["content"].encode("utf-8") for a in config.get("added_tokens") or ()}
+        tokens.update(added)
+        size = max(tokens) + 1
+        columns = {name: np.zeros(size, dtype=np.bool_) for name in cls.__dataclass_fields__}
+        byte_len = np.zeros(size, dtype=np.int64)
+        for token_id, data in tokens.items():
+            byte_len[token_id] = len(data)
+            for name, value in _describe(data, token_id in added).items():
+                columns[name][token_id] = value
+        del columns["byte_len"]
+        return cls(byte_len=byte_len, **columns)
+
+
+def _splices(config: dict[str, Any]) -> bool:
+    """Whether a tokenizer.json is a byte-level BPE tokenizer with GPT-4's pre-tokeniser and
+    nothing that could join text across a line start."""
+    pre = config.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not steps or len(steps) != 2:
+        return False
+    split, byte_level = steps
+    model = config.get("model") or {}
+    return (
+        config.get("normalizer") is None
+        and config.get("truncation") is None
+        and config.get("padding") is None
+        and split.get("type") == "Split"
+        and (split.get("pattern") or {}).get("Regex") in _SAFE_PATTERNS
+        and split.get("behavior") == "Isolated"
+        and not split.get("invert")
+        and byte_level == {**byte_level, "type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
+        and model.get("type") == "BPE"
+        and model.get("dropout") is None
+        and not model.get("byte_fallback")
+        and all(
+            not (a.get("lstrip") or a.get("rstrip") or a.get("single_word"))
+            and not any(ch.isspace() for ch in a["content"])
+            for a in config.get("added_tokens") or ()
+        )
+    )
+
+
+def _describe(data: bytes, added: bool) -> dict[str, bool]:
+    if not data:
+        return {"site": True}
+    first, last = data[0], data[-1]
+    odd = any(b >= 0x7F or (b < 0x20 and b not in b"\t\n") for b in data)
+    inner_run = any(a not in _ASCII_SPACE and b in _RUN_CHARS for a, b in zip(data, data[1:], strict=False))
+    return {
+        "site": added or odd or inner_run,
+        "ends_solid": last not in _ASCII_SPACE,
+        "starts_run": first in _RUN_CHARS,
+        "one_space": first == 0x20 and len(data) > 1 and data[1] not in _ASCII_SPACE,
+        "lone_space": data == b" ",
+        "starts_solid": first not in _ASCII_SPACE,
+        "ends_line": last == 0x0A,
+        "line_start": 0x21 <= (data.lstrip(b" \t") or b"\0")[0] <= 0x7E,
+        "blank": not data.strip(b" \t"),
+    }
+
+
+def _changed_chunks(t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]) -> list[list[tuple[int, int]]]:
+    """For each text, the token spans [start, end) of the chunks that may differ from their
+    canonical text, merged where they touch; every other chunk is its own canonical text.
+
+    All texts at once: their tokens laid end to end, with each text's first token a boundary.
+    """
+    lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    firsts = np.cumsum(lengths) - lengths
+    n = int(lengths.sum())
+    if n == 0:
+        return [[] for _ in ids]
+    flat = np.concatenate(ids)
+    first = np.zeros(n + 1, dtype=np.bool_)
+    first[firsts] = True
+    first[n] = True  # "the next token" of the last one is the end of its text
+    site = t.site[flat]
+    # a run of spaces after a non-space in the same text that is not one space before a non-space
+    nxt_solid = t.starts_solid[flat[1:]] & ~first[1:n]
+    run = t.ends_solid[flat[:-1]] & t.starts_run[flat[1:]] & ~first[1:n]
+    lone_ok = np.append(t.lone_space[flat[1:-1]] & nxt_solid[1:], False) if n > 1 else nxt_solid
+    site[1:] |= run & ~(t.one_space[flat[1:]] | lone_ok)
+    sites = np.flatnonzero(site)
+    if len(sites) == 0:
+        return [[] for _ in ids]
+    # line starts (a line holding printable ASCII after its indentation), and each text's start
+    line = t.line_start[flat[1:]]
+    line[:-1] |= t.blank[flat[1:-1]] & t.line_start[flat[2:]] & ~first[2:n]
+    first[1:n] |= t.ends_line[flat[:-1]] & line
+    bounds = np.flatnonzero(first)
+    chunks = np.searchsorted(bounds, sites, side="right") - 1  # ascending: sites are
+    chunks = chunks[np.append(True, chunks[1:] != chunks[:-1])]
+    los, his = bounds[chunks], bounds[chunks + 1]
+    docs = np.searchsorted(firsts, los, side="right") - 1
+    out: list[list[tuple[int, int]]] = [[] for _ in ids]
+    for d, lo, hi in zip(
+        docs.tolist(), (los - firsts[docs]).tolist(), (his - firsts[docs]).tolist(), strict=True
+    ):
+        spans = out[d]
+        if spans and spans[-1][1] == lo:
+            spans[-1] = (spans[-1][0], hi)
+        else:
+            spans.append((lo, hi))
+    return out
+
+
+def canonical_readings(
+    tables: SpliceTables,
+    texts: Sequence[str],
+    ids: Sequence[npt.NDArray[np.uint32]],
+    encode_batch: Callable[[list[str]], list[npt.NDArray[np.uint32]]],
+) -> list[tuple[str, npt.NDArray[np.uint32]] | None]:
+    """Each text's canonical text and its token IDs, or None where it is the text itself.
+
+    Args:
+        tables: the tokenizer's `SpliceTables`.
+        texts: the texts.
+        ids: each text's token IDs under that tokenizer.
+        encode_batch: the tokenizer's batch encoding. It gets one string per changed text: its
+            changed chunks' canonical texts laid end to end, which tokenise as the chunks do
+            (they meet at line starts).
+    """
+    plans: list[tuple[int, list[str], list[tuple[int, int]], list[int]]] = []
+    for i, (text, toks, spans) in enumerate(zip(texts, ids, _changed_chunks(tables, ids), strict=True)):
+        if not spans:
+            continue
+        # character offsets of the token boundaries (bytes are characters in ASCII text)
+        data: str | bytes = text if text.isascii() else text.encode("utf-8")
+        offsets = np.concatenate(([0], np.cumsum(tables.byte_len[toks]))).tolist()
+        if offsets[-1] != len(data):  # not the tokenizer the tables describe: no splicing
+            spans, offsets = [(0, len(toks))], [0] * len(toks) + [len(data)]
+        pieces: list[str] = []  # alternately unchanged text and a changed chunk's canonical text
+        changed: list[tuple[int, int]] = []
+        sizes: list[int] = []  # byte length of each changed chunk's canonical text
+        done = 0
+        for lo, hi in spans:
+            raw = _text(data, offsets[lo], offsets[hi])
+            canon = canonical_text(raw)
+            if canon != raw:
+                pieces.extend((_text(data, offsets[done], offsets[lo]), canon))
+                changed.append((lo, hi))
+                sizes.append(len(canon) if canon.isascii() else len(canon.encode("utf-8")))
+                done = hi
+        if changed:
+            pieces.append(_text(data, offsets[done], len(data)))
+            plans.append((i, pieces, changed, sizes))
+    encoded = encode_batch(["".join(p[1::2]) for _, p, _, _ in plans]) if plans else []
+    out: list[tuple[str, npt.NDArray[np.uint32]] | None] = [None] * len(texts)
+    for (i, pieces, changed, sizes), new in zip(plans, encoded, strict=True):
+        canonical = "".join(pieces)
+        ends = np.concatenate(([0], np.cumsum(tables.byte_len[new])))
+        cuts = np.searchsorted(ends, np.cumsum(sizes))
+        if cuts[-1] >= len(ends) or not np.array_equal(ends[cuts], np.cumsum(sizes)):
+            out[i] = (canonical, encode_batch([canonical])[0])  # pragma: no cover (tables agree)
+            continue
+        toks, done, start = ids[i], 0, 0
+        parts: list[npt.NDArray[np.uint32]] = []
+        for (lo, hi), cut in zip(changed, cuts.tolist(), strict=True):
+            parts.extend((toks[done:lo], new[start:cut]))
+            done, start = hi, cut
+        parts.append(toks[done:])
+        out[i] = (canonical, np.concatenate(parts).astype(np.uint32, copy=False))
+    return out
+
+
+def _text(data: str | bytes, start: int, end: int) -> str:
+    return data[start:end] if isinstance(data, str) else data[start:end].decode("utf-8")

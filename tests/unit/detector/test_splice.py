@@ -1,0 +1,112 @@
+"""Spliced canonical readings are token for token what tokenising the canonical text gives.
+
+A small byte-level BPE tokenizer with Qwen2's pre-tokeniser is trained here (deterministic
+trainer, fixed corpus); the texts are seeded random lines mixing what normalisation changes
+(runs of spaces and tabs, trailing spaces, CR LF and other breaks, format characters,
+look-alikes, combining marks) with what it keeps (indentation, blank lines, code, non-ASCII
+text). Equality is exact: a single differing token ID fails.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+from wmark.detector import Detector, TextTokenizer
+from wmark.detector.normalize import canonical_text, reading_texts
+from wmark.detector.splice import SpliceTables, canonical_readings
+
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PIECES = [
+    "def", "return", "value", "the", "river", "It's", "x", "42", "(", "):", "#", "==", ".", ",",
+    " ", " ", " ", "  ", "   ", "\t", " \t", "\u00e9", "e\u0301", "\u0430", "\u200b", "\u00a0",
+    "\uff52", "\u4e2d\u6587", "\U0001f600", "\x1f", "<|endoftext|>", "'s", "\u0399",
+]
+LINE_ENDS = ["\n", "\n", "\n", "  \n", " \n", "\r\n", "\r", "\x0b", "\u2028", "\n\n", "\n   \n"]
+INDENTS = ["", "", "    ", "\t", "        ", " "]
+
+
+def _text(rng: np.random.Generator) -> str:
+    lines = []
+    for _ in range(int(rng.integers(1, 8))):
+        words = [PIECES[int(i)] for i in rng.integers(0, len(PIECES), size=int(rng.integers(0, 10)))]
+        indent = INDENTS[int(rng.integers(0, len(INDENTS)))]
+        lines.append(indent + "".join(words) + LINE_ENDS[int(rng.integers(0, len(LINE_ENDS)))])
+    text = "".join(lines)
+    return text if rng.random() < 0.5 else text.rstrip("\n")  # with and without a final break
+
+
+@pytest.fixture(scope="module")
+def bpe() -> TextTokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
+    rng = np.random.default_rng(0)
+    tok.train_from_iterator([_text(rng) for _ in range(400)], trainer)
+    return TextTokenizer(tok.to_str().encode("utf-8"), "tiny-bpe")
+
+
+def test_spliced_readings_equal_tokenising_the_canonical_text(bpe: TextTokenizer) -> None:
+    tables = bpe.splice_tables
+    assert tables is not None
+    rng = np.random.default_rng(1)
+    texts = [t for t in (_text(rng) for _ in range(3000)) if t]
+    readings = canonical_readings(tables, texts, bpe.encode_batch(texts), bpe.encode_batch)
+    changed = 0
+    for text, reading in zip(texts, readings, strict=True):
+        canonical = canonical_text(text)
+        if reading is None:
+            assert canonical == text, repr(text)
+            continue
+        changed += 1
+        assert reading[0] == canonical, repr(text)
+        assert np.array_equal(reading[1], bpe.encode(canonical)), repr(text)
+    assert 0.2 * len(texts) < changed < len(texts)  # both kinds are exercised
+
+
+def test_the_detector_reads_the_same_token_ids_as_full_tokenisation(bpe: TextTokenizer) -> None:
+    from wmark import KeyMaterial, Secret, WatermarkSpec
+
+    key = KeyMaterial(key_id="wk_splice", secret=Secret(bytes(32)), spec=WatermarkSpec(tokenizer=bpe.ref))
+    data = bpe._json
+    detector = Detector([key], {bpe.sha256: data})
+    rng = np.random.default_rng(2)
+    texts = [t for t in (_text(rng) for _ in range(500)) if t.strip()]
+    texts += ["THE RIVER FLOODS.  IT RISES. I SEE IT NOW.\n", "The River Floods In Spring  \n"]
+    for text, enc in zip(texts, detector.encode_many(texts), strict=True):
+        want: list[np.ndarray] = []
+        for reading in reading_texts(text):
+            ids = bpe.encode(reading)
+            if all(not np.array_equal(ids, seen) for seen in want):
+                want.append(ids)
+        got = [e.ids for e in enc.readings(key)]
+        single = [e.ids for e in detector.encode(text).readings(key)]
+        assert len(got) == len(want) == len(single), repr(text)
+        for a, b, c in zip(got, want, single, strict=True):
+            assert np.array_equal(a, b) and np.array_equal(c, b), repr(text)
+
+
+def test_other_tokenizers_are_not_spliced(word_tokenizer_json: bytes, bpe: TextTokenizer) -> None:
+    assert SpliceTables.from_json(word_tokenizer_json) is None
+    config = json.loads(bpe._json)
+    config["normalizer"] = {"type": "NFC"}
+    assert SpliceTables.from_json(json.dumps(config).encode()) is None
+    config = json.loads(bpe._json)
+    config["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
+    assert SpliceTables.from_json(json.dumps(config).encode()) is None
