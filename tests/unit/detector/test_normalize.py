@@ -113,3 +113,42 @@ def test_reading_texts_are_the_texts_of_the_readings() -> None:
     samples += [CLEAN, CLEAN.upper(), CLEAN.replace(" ", "  "), "THE RIVER. IT FLOODS. I SEE IT NOW."]
     for text in samples:
         assert reading_texts(text) == [v.text for v in text_variants(text)], repr(text)
+
+
+def test_canonical_text_equals_the_mapped_path_on_every_kind_of_character() -> None:
+    """canonical_text (C speed outside non-ASCII runs) against _canonical (cluster by cluster):
+    combining marks after ASCII or after a format character, Hangul jamo and fillers, NFKC
+    expansions, compatibility spaces, every line break, CR before a format character."""
+    from wmark.detector.normalize import _canonical, canonical_text
+
+    rng = np.random.default_rng(9)
+    alphabet = list("aI1. \t\n\r\x0b\x0c\x1c\x1f") + list(
+        "\u00e9\u0301\u0327\u0345\u200b\u2060\ufeff\u00ad\u034f\ufe0f\u0430\u0399\uff52\u00a0\u2003"
+        "\u3000\u1680\x85\u2028\u2029\ufb01\u212b\u1100\u1161\u11a8\u1160\u3164\uac00\u0b47\u0b3e"
+        "\u0915\u093f\u0130\u00df"
+    )
+    for _ in range(20000):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 14))))
+        assert canonical_text(text) == _canonical(text).text, repr(text)
+
+
+def test_the_title_case_bound_never_rules_out_title_case_text() -> None:
+    """_may_be_title may only say False where the words are not 90% capitalised; texts near
+    the threshold (85-95% capitalised words, some non-ASCII) exercise both answers."""
+    import re
+
+    from wmark.detector.normalize import _may_be_title
+
+    rng = np.random.default_rng(10)
+    vocab = ["river", "Flood", "\u00e9t\u00e9", "\u00c9t\u00e9", "x1y", "_a", "it's", "B", "c"]
+    answers = set()
+    for _ in range(3000):
+        words = [vocab[int(i)] for i in rng.integers(0, len(vocab), size=int(rng.integers(5, 60)))]
+        share = rng.uniform(0.85, 0.95)
+        words = [w[:1].upper() + w[1:] if rng.random() < share else w for w in words]
+        text = " ".join(words)
+        found = re.findall(r"[^\W\d_]+", text)
+        title = sum(w[0].isupper() for w in found) >= 0.9 * len(found)
+        answers.add(_may_be_title(text))
+        assert _may_be_title(text) or not title, text
+    assert answers == {True, False}
