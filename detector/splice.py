@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,8 @@ _SAFE_PATTERNS = frozenset(
 )
 _ASCII_SPACE = frozenset(b" \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f")  # str.isspace() in ASCII
 _RUN_CHARS = frozenset(b" \t\x1f")  # spaces inside a line (the other ASCII spaces break lines)
+_PLAIN = bytes(range(0x20, 0x7F)) + b"\t\n"
+_INNER_RUN = re.compile(rb"[^ \t\n\x0b\x0c\r\x1c-\x1f][ \t\x1f]")  # a non-space, then a space
 
 
 @functools.cache
@@ -95,23 +98,22 @@ class SpliceTables:
         config = json.loads(tokenizer_json)
         if not _splices(config):
             return None
-        alphabet = _byte_alphabet()
+        to_bytes = str.maketrans({ch: chr(b) for ch, b in _byte_alphabet().items()})
         tokens: dict[int, bytes] = {}
         for piece, token_id in config["model"]["vocab"].items():
-            if any(ch not in alphabet for ch in piece):
+            try:
+                tokens[int(token_id)] = piece.translate(to_bytes).encode("latin-1")
+            except UnicodeEncodeError:  # a character outside the byte-level alphabet
                 return None
-            tokens[int(token_id)] = bytes(alphabet[ch] for ch in piece)
         added = {int(a["id"]): a["content"].encode("utf-8") for a in config.get("added_tokens") or ()}
         tokens.update(added)
         size = max(tokens) + 1
-        columns = {name: np.zeros(size, dtype=np.bool_) for name in cls.__dataclass_fields__}
+        token_ids = np.fromiter(tokens, dtype=np.int64, count=len(tokens))
         byte_len = np.zeros(size, dtype=np.int64)
-        for token_id, data in tokens.items():
-            byte_len[token_id] = len(data)
-            for name, value in _describe(data, token_id in added).items():
-                columns[name][token_id] = value
-        del columns["byte_len"]
-        return cls(byte_len=byte_len, **columns)
+        byte_len[token_ids] = [len(data) for data in tokens.values()]
+        rows = np.zeros((size, len(_FLAGS)), dtype=np.bool_)
+        rows[token_ids] = [_describe(data, token_id in added) for token_id, data in tokens.items()]
+        return cls(byte_len, *rows.T.copy())
 
 
 def _splices(config: dict[str, Any]) -> bool:
@@ -143,23 +145,36 @@ def _splices(config: dict[str, Any]) -> bool:
     )
 
 
-def _describe(data: bytes, added: bool) -> dict[str, bool]:
+_FLAGS = (
+    "site",
+    "ends_solid",
+    "starts_run",
+    "one_space",
+    "lone_space",
+    "starts_solid",
+    "ends_line",
+    "line_start",
+    "blank",
+)
+
+
+def _describe(data: bytes, added: bool) -> tuple[bool, ...]:
+    """The flags of `SpliceTables` for one token's bytes, in the order of `_FLAGS`."""
     if not data:
-        return {"site": True}
-    first, last = data[0], data[-1]
-    odd = any(b >= 0x7F or (b < 0x20 and b not in b"\t\n") for b in data)
-    inner_run = any(a not in _ASCII_SPACE and b in _RUN_CHARS for a, b in zip(data, data[1:], strict=False))
-    return {
-        "site": added or odd or inner_run,
-        "ends_solid": last not in _ASCII_SPACE,
-        "starts_run": first in _RUN_CHARS,
-        "one_space": first == 0x20 and len(data) > 1 and data[1] not in _ASCII_SPACE,
-        "lone_space": data == b" ",
-        "starts_solid": first not in _ASCII_SPACE,
-        "ends_line": last == 0x0A,
-        "line_start": 0x21 <= (data.lstrip(b" \t") or b"\0")[0] <= 0x7E,
-        "blank": not data.strip(b" \t"),
-    }
+        return (True,) + (False,) * (len(_FLAGS) - 1)
+    first, last, body = data[0], data[-1], data.lstrip(b" \t")
+    odd = bool(data.translate(None, _PLAIN))  # a byte other than printable ASCII, tab, "\n"
+    return (
+        added or odd or _INNER_RUN.search(data) is not None,
+        last not in _ASCII_SPACE,
+        first in _RUN_CHARS,
+        first == 0x20 and len(data) > 1 and data[1] not in _ASCII_SPACE,
+        data == b" ",
+        first not in _ASCII_SPACE,
+        last == 0x0A,
+        bool(body) and 0x21 <= body[0] <= 0x7E,
+        not body,
+    )
 
 
 def _changed_chunks(t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]) -> list[list[tuple[int, int]]]:
