@@ -62,7 +62,10 @@ _INNER_RUN = re.compile(r"[^\S\n](?<=\S[^\S\n])(?:(?<=[^ ])[^\S\n]*|[^\S\n]+)(?=
 # ASCII text that normalisation could change: a line break other than LF, spaces before a line
 # break or at the end, or a run inside a line that is not one space (may over-match: then the
 # slow path runs and finds nothing to change).
-_ASCII_CHANGES = re.compile(r"[\r\x0b\x0c\x1c-\x1e]|[^\S\n]+(?:\n|\Z)|(?<=\S)(?: [^\S\n]+|[^\S\n ])")
+_ASCII_CHANGES_PATTERN = r"[\r\x0b\x0c\x1c-\x1e]|[^\S\n]+(?:\n|\Z)|(?<=\S)(?: [^\S\n]+|[^\S\n ])"
+_ASCII_CHANGES = re.compile(_ASCII_CHANGES_PATTERN)
+_MAY_CHANGE = re.compile(_ASCII_CHANGES_PATTERN + r"|[^\x00-\x7f]")  # ... or any non-ASCII text
+_LINE_START = re.compile(r"[ \t]*[!-~]")  # a line that starts a chunk (see `normalize`)
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,46 @@ def normalize(text: str) -> NormalizedText:
     """
     if text.isascii() and not _ASCII_CHANGES.search(text):
         return NormalizedText.identity(text)  # the common case, at C speed
-    return _canonical(text)
+    # Normalisation works line by line and keeps indentation and printable ASCII, so the text
+    # is the canonical forms of its chunks (text between line starts that hold printable ASCII
+    # after their indentation) laid end to end: only chunks that may change go cluster by cluster.
+    chars: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    done = 0
+    for match in _MAY_CHANGE.finditer(text):
+        if match.start() < done:
+            continue  # inside the chunks already normalised
+        lo, hi = _chunk_start(text, match.start()), _chunk_end(text, match.end())
+        chars.append(text[done:lo])
+        starts.extend(range(done, lo))
+        ends.extend(range(done + 1, lo + 1))
+        part = _canonical(text[lo:hi])
+        chars.append(part.text)
+        starts.extend([s + lo for s in part.starts])
+        ends.extend([e + lo for e in part.ends])
+        done = hi
+    chars.append(text[done:])
+    starts.extend(range(done, len(text)))
+    ends.extend(range(done + 1, len(text) + 1))
+    return NormalizedText("".join(chars), tuple(starts), tuple(ends), len(text))
+
+
+def _chunk_start(text: str, at: int) -> int:
+    """The last chunk boundary at or before `at` (0, or a line start after a "\n" whose line
+    holds printable ASCII after its indentation)."""
+    start = text.rfind("\n", 0, at) + 1
+    while start > 0 and not _LINE_START.match(text, start):
+        start = text.rfind("\n", 0, start - 1) + 1
+    return start
+
+
+def _chunk_end(text: str, at: int) -> int:
+    """The first chunk boundary at or after `at` (or the end of the text)."""
+    end = at if at > 0 and text[at - 1] == "\n" else text.find("\n", at) + 1
+    while 0 < end < len(text) and not _LINE_START.match(text, end):
+        end = text.find("\n", end) + 1
+    return end or len(text)
 
 
 def canonical_text(text: str) -> str:

@@ -152,3 +152,18 @@ def test_the_title_case_bound_never_rules_out_title_case_text() -> None:
         answers.add(_may_be_title(text))
         assert _may_be_title(text) or not title, text
     assert answers == {True, False}
+
+
+def test_normalize_goes_cluster_by_cluster_only_in_chunks_that_may_change() -> None:
+    """normalize (identity outside the chunks that may change) equals _canonical over the whole
+    text: text and every character's span, on multi-line texts with every kind of edit."""
+    from wmark.detector.normalize import _canonical
+
+    rng = np.random.default_rng(11)
+    alphabet = list("aI1. \t\n\n\n\r\x0b\x0c\x1c\x1f") + list(
+        "\u00e9\u0301\u200b\u0430\uff52\u00a0\x85\u2028\u1100\u1161\u11a8\u3164"
+    )
+    for _ in range(20000):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 30))))
+        got, want = normalize(text), _canonical(text)
+        assert (got.text, got.starts, got.ends) == (want.text, want.starts, want.ends), repr(text)

@@ -23,11 +23,10 @@ QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PIECES = [
-    "def", "return", "value", "the", "river", "It's", "x", "42", "(", "):", "#", "==", ".", ",",
-    " ", " ", " ", "  ", "   ", "\t", " \t", "\u00e9", "e\u0301", "\u0430", "\u200b", "\u00a0",
-    "\uff52", "\u4e2d\u6587", "\U0001f600", "\x1f", "<|endoftext|>", "'s", "\u0399",
-]
+WORDS = ["def", "return", "value", "the", "river", "It's", "x", "42", "(", "):", "#", "==", ".", ","]
+SPACES = [" ", " ", " ", "  ", "   ", "\t", " \t", "\x1f"]
+OTHERS = ["\u00e9", "e\u0301", "\u0430", "\u200b", "\u00a0", "\uff52", "\u4e2d\u6587", "\U0001f600", "\u0399"]
+PIECES = [*WORDS, *SPACES, *OTHERS, "<|endoftext|>", "'s"]
 LINE_ENDS = ["\n", "\n", "\n", "  \n", " \n", "\r\n", "\r", "\x0b", "\u2028", "\n\n", "\n   \n"]
 INDENTS = ["", "", "    ", "\t", "        ", " "]
 
