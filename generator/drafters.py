@@ -7,6 +7,8 @@
   (`wmark.generator.hybrid_drafter`); with a target other than the embedded one, prompt lookup.
 - a model folder or cached HF id: that model as it is.
 
+A draft model attends with stock SDPA (`HFModel.exact_attention` off) unless it is the target
+itself: it only proposes, so the batch invariance the target needs buys it nothing.
 Every choice leaves the text unchanged (the target's race winners); it moves speed only.
 """
 
@@ -40,4 +42,6 @@ def build_drafter(drafter: str, target: LanguageModel, model: LanguageModel | No
     cut = isinstance(model, HFModel) and isinstance(model.model.get_output_embeddings(), TruncatedHead)
     if drafter in (EMBEDDED, AUTO) and isinstance(model, HFModel) and not cut:
         truncate_head(model)
+    if isinstance(model, HFModel) and model is not target:
+        model.exact_attention = False
     return HybridDrafter(model) if drafter == AUTO else model

@@ -15,6 +15,7 @@ Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.roww
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 
 from wmark.errors import BackendError
 from wmark.generator.backend import NodeTable
-from wmark.generator.rowwise import ATTENTION_NAME, convert_linears, prefill, rowwise_attention
+from wmark.generator.fused import fuse_projections
+from wmark.generator.rowwise import ATTENTION_NAME, convert_linears, rowwise_attention, stock_attention
 
 __all__ = ["PRECISIONS", "HFModel", "HFSession", "prepare_model"]
 
@@ -43,6 +45,8 @@ def prepare_model(
             raise BackendError(f"precision {precision} is CPU-only; use bf16, fp16 or fp32 on {device}")
         model = model.to(torch.float32)
         convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
+        if precision == "int8":
+            fuse_projections(model)  # q/k/v and gate/up as one GEMM each: same numbers, less overhead
         model.config._attn_implementation = ATTENTION_NAME
         for sub in model.modules():  # every layer reads the implementation from its config
             if hasattr(sub, "config"):
@@ -78,7 +82,7 @@ class HFSession:
         causal = torch.ones(len(head), len(head), dtype=torch.bool).tril()
         dtype = self.lm.dtype
         mask = torch.zeros(causal.shape, dtype=dtype).masked_fill(~causal, torch.finfo(dtype).min)
-        with prefill():
+        with stock_attention():
             self.lm.model(
                 input_ids=torch.tensor([head], device=self.lm.device),
                 attention_mask=mask[None, None].to(self.lm.device),
@@ -120,13 +124,14 @@ class HFSession:
         dtype = self.lm.dtype
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
         device = self.lm.device
-        out = self.lm.model(
-            input_ids=torch.tensor([inputs], device=device),
-            attention_mask=mask[None, None].to(device),
-            position_ids=torch.tensor([positions], device=device),
-            cache=self.cache,
-            use_cache=True,
-        )
+        with contextlib.nullcontext() if self.lm.exact_attention else stock_attention():
+            out = self.lm.model(
+                input_ids=torch.tensor([inputs], device=device),
+                attention_mask=mask[None, None].to(device),
+                position_ids=torch.tensor([positions], device=device),
+                cache=self.cache,
+                use_cache=True,
+            )
         self.forwards += 1
         logits = out.logits[0].to(torch.float32)
         if n_pending:
@@ -168,6 +173,11 @@ class HFModel:
         name: for messages.
         tokenizer_sha256: SHA-256 of its tokenizer.json, when known: keys bound to another
             tokenizer are refused by `generate`.
+
+    `exact_attention` (True): with the int8 precision, attention row by row (batch-invariant).
+    A drafter may set it False (`wmark.generator.draft_head.draft_only`): one stock SDPA call
+    per layer, cheaper, with rounding that depends on the block's shape, which a drafter can
+    afford since it only proposes.
     """
 
     def __init__(
@@ -182,6 +192,7 @@ class HFModel:
         self.eos_token_ids = eos_token_ids
         self.name = name
         self.tokenizer_sha256 = tokenizer_sha256
+        self.exact_attention = True
         self.vocab_size = int(model.config.vocab_size)
         self.device = (
             next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")

@@ -16,8 +16,11 @@ text would then depend on the drafter. These kernels remove that:
 RMSNorm, rotary embeddings, activations and residuals are row-local already.
 
 The prompt is the exception: every session fills the cache with the prompt (minus its last
-token) in one `prefill` forward under stock SDPA, which is deterministic for the same input, so
-all sessions of a prompt start from identical caches without a per-row loop over the prompt.
+token) in one forward under stock SDPA (`stock_attention`), which is deterministic for the same
+input, so all sessions of a prompt start from identical caches without a per-row loop over the
+prompt. A drafter runs every forward that way (`HFModel(exact_attention=False)`): it only
+proposes, so its rounding never reaches the text, and one SDPA call per layer is cheaper than
+the row loop.
 """
 
 from __future__ import annotations
@@ -40,22 +43,22 @@ __all__ = [
     "RowFloatLinear",
     "RowInt8Linear",
     "convert_linears",
-    "prefill",
     "rowwise_attention",
+    "stock_attention",
 ]
 
 ATTENTION_NAME = "wmark_rowwise"
-_PREFILL: contextvars.ContextVar[bool] = contextvars.ContextVar("wmark_prefill", default=False)
+_STOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("wmark_stock_attention", default=False)
 
 
 @contextlib.contextmanager
-def prefill() -> Iterator[None]:
-    """Within this block, attention runs as stock SDPA (for the prompt prefill only)."""
-    token = _PREFILL.set(True)
+def stock_attention() -> Iterator[None]:
+    """Within this block, attention runs as stock SDPA (prompt prefill, drafter forwards)."""
+    token = _STOCK.set(True)
     try:
         yield
     finally:
-        _PREFILL.reset(token)
+        _STOCK.reset(token)
 
 
 _QUINT8_ZERO = 128  # symmetric activations in quint8: q = round(127 x) + 128
@@ -187,7 +190,7 @@ def rowwise_attention(
     """
     if attention_mask is None or attention_mask.dim() != 4:
         raise ValueError("rowwise attention needs an explicit 4D mask from the session")
-    if _PREFILL.get():
+    if _STOCK.get():
         groups = int(getattr(module, "num_key_value_groups", 1))
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         out = nn.functional.scaled_dot_product_attention(

@@ -1,0 +1,102 @@
+"""Fused int8 projections: q/k/v and gate/up as one GEMM each, with bit-identical outputs.
+
+A transformers decoder layer calls `q_proj`, `k_proj` and `v_proj` on the same hidden state,
+then `gate_proj` and `up_proj` on the same one. With `RowInt8Linear` each call quantises the
+activations again and runs its own fbgemm GEMM; at the 1-9 rows of a speculative block the
+calls' fixed costs (quantising the rows, packing, dispatch) are a good part of a small model's
+forward. `fuse_projections` stacks the int8 weights of such a group into one `RowInt8Linear`
+and gives each member a `_Slice` of its output: the first member called computes the whole
+group once, the others take their columns from it.
+
+Why the numbers do not change: weights are int8 per output channel, activations are quantised
+per row with the row's own peak (identical in every member), integer accumulation is exact in
+any order, and each output column is then scaled by its own channel's scale and the row's
+peak. Stacking output channels changes none of these per-column operations, so each member's
+output is bit for bit what its own layer gave (tests/unit/generator/test_fused.py checks it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from wmark.generator.rowwise import RowInt8Linear
+
+__all__ = ["GROUPS", "FusedGroup", "fuse_projections"]
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Sibling layers that read the same input in a Qwen2 / Llama decoder layer."""
+
+
+class FusedGroup:
+    """One `RowInt8Linear` over the stacked output channels of a group, and its last result.
+
+    Holds the input it last saw (by identity): the members of a group are called one after the
+    other on the same tensor, so the second and third calls reuse the first call's output.
+    The result is dropped once every member has taken its part, so no tensor outlives a forward.
+    """
+
+    def __init__(self, layers: list[RowInt8Linear]) -> None:
+        unpacked = [torch.ops.quantized.linear_unpack(layer._packed)[0] for layer in layers]
+        weight = torch.cat([q.int_repr() for q in unpacked])
+        scale = torch.cat([q.q_per_channel_scales().to(torch.float64) for q in unpacked])
+        biases = [layer.bias for layer in layers]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat(
+                [
+                    b.detach() if b is not None else torch.zeros(layer.out_features)
+                    for b, layer in zip(biases, layers, strict=True)
+                ]
+            )
+        self.linear = RowInt8Linear(weight, scale, bias)
+        self.members = len(layers)
+        self._input: torch.Tensor | None = None
+        self._output: torch.Tensor | None = None
+        self._taken = 0
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        """The stacked output for `x`: computed on the first member's call, reused after."""
+        if self._output is None or self._input is not x:
+            self._input, self._output, self._taken = x, self.linear(x), 0
+        out = self._output
+        self._taken += 1
+        if self._taken == self.members:  # every member has its part: release the tensors
+            self._input = self._output = None
+        return out
+
+
+class _Slice(nn.Module):
+    """A group member: its own columns [start, stop) of the group's output."""
+
+    def __init__(self, group: FusedGroup, start: int, stop: int, in_features: int) -> None:
+        super().__init__()
+        self.group = group
+        self.start, self.stop = start, stop
+        self.in_features, self.out_features = in_features, stop - start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output(x)[..., self.start : self.stop]
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuse every q/k/v and gate/up group of int8 layers in `model` (in place); returns how many.
+
+    Groups whose members are not all `RowInt8Linear` over the same input width are left alone.
+    """
+    fused = 0
+    for module in list(model.modules()):
+        for names in GROUPS:
+            layers = [getattr(module, name, None) for name in names]
+            if not all(isinstance(layer, RowInt8Linear) for layer in layers):
+                continue
+            members = [layer for layer in layers if isinstance(layer, RowInt8Linear)]
+            if len({layer.in_features for layer in members}) != 1:
+                continue
+            group = FusedGroup(members)
+            start = 0
+            for name, layer in zip(names, members, strict=True):
+                setattr(module, name, _Slice(group, start, start + layer.out_features, layer.in_features))
+                start += layer.out_features
+            fused += 1
+    return fused
