@@ -45,6 +45,7 @@ class Setting:
     lookahead: int | None = None
     drafter: str | None = None  # a `--drafter` name; None for basic-uwm
     confidence: float | None = None  # dynamic lookahead threshold; None: the default
+    lookup: int | None = None  # lookup_lookahead (free lookup drafts past L); None: the default
 
 
 SETTINGS = {
@@ -84,6 +85,7 @@ def _config(setting: Setting, tokens: int) -> SamplerConfig:
         "drafts": setting.drafts,
         "lookahead": setting.lookahead,
         "draft_confidence": setting.confidence,
+        "lookup_lookahead": setting.lookup,
     }
     return SamplerConfig(
         method=setting.method, max_new_tokens=tokens, **{k: v for k, v in given.items() if v is not None}
@@ -105,14 +107,16 @@ def main() -> None:
     parser.add_argument(
         "--settings",
         default=",".join(CLASSIC),
-        help=f"comma-separated rows: {', '.join(SETTINGS)}, or method:B:L:drafter:confidence",
+        help=f"comma-separated rows: {', '.join(SETTINGS)}, or method:B:L:drafter:confidence[:lookup]",
     )
     args = parser.parse_args()
     names = [n.strip() for n in args.settings.split(",")]
-    for name in names:  # ad hoc rows: method:B:L:drafter:confidence
-        if name not in SETTINGS and name.count(":") == 4:
-            method, b, ell, drafter_name, conf = name.split(":")
-            SETTINGS[name] = Setting(method, int(b), int(ell), drafter_name, float(conf))
+    for name in names:  # ad hoc rows: method:B:L:drafter:confidence[:lookup]
+        if name not in SETTINGS and name.count(":") in (4, 5):
+            method, b, ell, drafter_name, conf, *lookup = name.split(":")
+            SETTINGS[name] = Setting(
+                method, int(b), int(ell), drafter_name, float(conf), int(lookup[0]) if lookup else None
+            )
     unknown = [n for n in names if n not in SETTINGS]
     if unknown or "basic-uwm" not in names:
         parser.error(f"unknown settings {unknown} (basic-uwm is required: the ratios are against it)")

@@ -96,6 +96,12 @@ def generate_cmd(
         float,
         typer.Option(help="Dynamic lookahead: end a draft branch below this drafter probability (0: off)."),
     ] = DEFAULT_DRAFT_CONFIDENCE,
+    lookup_lookahead: Annotated[
+        int,
+        typer.Option(
+            help="Lookup drafts (ngram, auto) go on past L to this depth while the text matches (0: off)."
+        ),
+    ] = 0,
     diversity_bits: Annotated[
         float, typer.Option(help="Unkeyed prefix so equal prompts differ (bits; 0: off).")
     ] = 16.0,
@@ -142,6 +148,7 @@ def generate_cmd(
         max_new_tokens=max_new_tokens,
         diversity_bits=diversity_bits,
         draft_confidence=draft_confidence,
+        lookup_lookahead=lookup_lookahead,
         target_logits=LogitsConfig(temperature=temperature, top_k=top_k, top_p=top_p),
         draft_logits=LogitsConfig(temperature=draft_temperature or temperature, top_k=top_k, top_p=top_p),
     )

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["LanguageModel", "NodeTable", "Session"]
+__all__ = ["LanguageModel", "LookupSession", "NodeTable", "Session"]
 
 
 class Session(Protocol):
@@ -41,6 +41,17 @@ class Session(Protocol):
 
     def accept(self, path: Sequence[int], extra: Sequence[int]) -> None:
         """Commit the nodes on `path` (a root-to-node chain of ids), drop the rest, then queue `extra`."""
+        ...
+
+
+@runtime_checkable
+class LookupSession(Protocol):
+    """A session that can also propose without a forward pass (prompt lookup)."""
+
+    def extend_lookup(
+        self, parents: Sequence[int], tokens: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`Session.extend` that never runs a model: a node without a lookup match gets an all -inf row."""
         ...
 
 

@@ -42,6 +42,8 @@ class BlockInputs:
 
     `lookahead` is the tree depth L for this block (already capped by the remaining budget);
     a branch stops early where the drafter's probability of its token is below `draft_confidence`.
+    `lookup_lookahead` (if deeper than L) lets branches grow on past L with drafts that cost no
+    drafter forward (prompt lookup, `draft_tree.grow`).
     """
 
     target: Session
@@ -55,3 +57,4 @@ class BlockInputs:
     lookahead: int = 1
     drafts: int = 1
     draft_confidence: float = 0.0
+    lookup_lookahead: int = 0

@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 
 import torch
 
+from wmark.generator.backend import LookupSession
 from wmark.generator.blocks import BlockInputs
 from wmark.generator.logits import Support, supports
 
@@ -70,18 +71,29 @@ def grow(inp: BlockInputs, tree: DraftTree[T], expand: Expand[T]) -> float:
     drafter gave less than `draft_confidence` (dynamic lookahead: an unlikely draft is rarely
     accepted, so drafting after it mostly wastes drafter forwards and verify rows). A level is
     only run while some branch is still open.
+
+    Past depth L, down to `lookup_lookahead`, a drafter that can propose without a forward
+    (`LookupSession`: prompt lookup) goes on where the text still matches: such drafts cost
+    only their verify rows, and a long match (a summary copying its article, code repeating a
+    line) is usually accepted far beyond L.
     """
     assert inp.drafter is not None
     seconds, fed = 0.0, 0
     level = [-1]  # contexts whose children are drawn next
-    for depth in range(1, inp.lookahead + 1):
+    lookup = inp.drafter if isinstance(inp.drafter, LookupSession) else None
+    deepest = max(inp.lookahead, inp.lookup_lookahead) if lookup is not None else inp.lookahead
+    for depth in range(1, deepest + 1):
         start = time.perf_counter()
         if depth == 1:
             rows, _ = inp.drafter.extend([], [])
             logits = rows[None]
         else:  # feed the previous level's tokens to get the draft distributions after them
             parents = [tree.node(tree.nodes[i].parent).draft_id for i in level]
-            _, logits = inp.drafter.extend(parents, [tree.nodes[i].token for i in level])
+            tokens = [tree.nodes[i].token for i in level]
+            if depth > inp.lookahead and lookup is not None:
+                _, logits = lookup.extend_lookup(parents, tokens)
+            else:
+                _, logits = inp.drafter.extend(parents, tokens)
             for offset, i in enumerate(level):
                 tree.nodes[i].draft_id = fed + offset
             fed += len(level)

@@ -77,6 +77,9 @@ class SamplerConfig:
         diversity_bits: surprisal budget of the unkeyed prefix that lets equal prompts differ.
         draft_confidence: dynamic lookahead: a draft branch ends at a token the drafter gave less
             than this probability (0: always draft L levels). Block lengths only, never the text.
+        lookup_lookahead: with a prompt-lookup drafter (ngram, auto), branches go on past L to
+            this depth with lookup drafts while the text matches (they cost no drafter forward,
+            only verify rows); 0 or <= L: off.
     """
 
     method: str = "mpfr"
@@ -87,6 +90,7 @@ class SamplerConfig:
     draft_logits: LogitsConfig = field(default_factory=LogitsConfig)
     diversity_bits: float = 16.0
     draft_confidence: float = 0.0
+    lookup_lookahead: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -105,6 +109,8 @@ class SamplerConfig:
             raise InputError("max_new_tokens must be at least 1")
         if self.diversity_bits < 0:
             raise InputError("diversity_bits must be >= 0")
+        if not 0 <= self.lookup_lookahead <= MAX_LOOKAHEAD:
+            raise InputError(f"lookup_lookahead must be in 0..{MAX_LOOKAHEAD}, got {self.lookup_lookahead}")
         if not 0.0 <= self.draft_confidence < 1.0:
             raise InputError("draft_confidence must be in [0, 1)")
 
@@ -211,6 +217,7 @@ def generate(
                 lookahead=min(config.lookahead, remaining - 1),
                 drafts=config.drafts or 1,
                 draft_confidence=config.draft_confidence,
+                lookup_lookahead=min(config.lookup_lookahead, remaining - 1),
             )
         )
         draft_s += block.draft_seconds

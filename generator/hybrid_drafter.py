@@ -36,6 +36,17 @@ class HybridSession:
     def _tail(self, node: int) -> list[int]:
         return [self.nodes.tokens[a] for a in self.nodes.ancestors(node)]
 
+    def extend_lookup(
+        self, parents: Sequence[int], tokens: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `backend.LookupSession`: lookup rows only; the model is not asked (nor fed these nodes)."""
+        if self._root is None:
+            raise RuntimeError("extend_lookup continues a block: call extend first")
+        new = self.nodes.add(parents, tokens)
+        self.model_ids.extend([-1] * len(new))
+        rows = [proposal_logits(self.index.continuations(self._tail(n)), self.vocab_size) for n in new]
+        return self._root, torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
+
     def extend(self, parents: Sequence[int], tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """See `Session.extend`: lookup rows where the text matches, model rows (one forward) elsewhere."""
         new = self.nodes.add(parents, tokens)

@@ -103,6 +103,8 @@ class PromptLookupSession:
         rows = [self._row([self.nodes.tokens[a] for a in self.nodes.ancestors(n)]) for n in new]
         return self._root, torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
 
+    extend_lookup = extend  # every proposal here is a lookup (`backend.LookupSession`)
+
     def accept(self, path: Sequence[int], extra: Sequence[int]) -> None:
         """See `Session.accept`."""
         self.nodes.check_path(path)

@@ -90,11 +90,8 @@ def tree_block(inp: BlockInputs) -> Block:
         if child is not None:
             cur = child
             path.append(child)
+        # At a leaf (a whole branch accepted) the next race has no drafted child: the bonus token.
         if child is None or emission.token in inp.eos or len(block.emitted) >= inp.remaining:
-            break
-        if tree.node(cur).depth == inp.lookahead:  # whole path accepted: one bonus token
-            bonus = race(inp.policy, prefix, state, dists[cur + 1])
-            block.emitted.append(bonus)
             break
     commit(inp, tree, path, [e.token for e in block.emitted])
     return block

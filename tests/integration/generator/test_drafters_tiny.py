@@ -39,18 +39,21 @@ def truncated(tiny_trio) -> HFModel:
     return truncate_head(tiny_trio()["close"], keep=128)
 
 
-def _run(target, drafter, method="mpfr", drafts=4, lookahead=4, confidence=0.0, max_new=MAX_NEW):
+def _run(target, drafter, method="mpfr", drafts=4, lookahead=4, confidence=0.0, max_new=MAX_NEW, lookup=0):
     config = SamplerConfig(
         method=method,
         drafts=drafts,
         lookahead=lookahead,
         max_new_tokens=max_new,
         draft_confidence=confidence,
+        lookup_lookahead=lookup,
     )
     return generate(target, PROMPT, config=config, key=KEY, drafter=drafter, seed=5)
 
 
 def _drafters(models, truncated):
+    stock = copy.deepcopy(models["close"])
+    stock.exact_attention = False  # what build_drafter gives a draft model: stock SDPA attention
     return {
         "ngram": PromptLookup(VOCAB, frozenset({EOS})),
         "ngram-1": PromptLookup(VOCAB, frozenset({EOS}), min_match=1),
@@ -58,26 +61,33 @@ def _drafters(models, truncated):
         "hybrid-unrelated": HybridDrafter(models["unrelated"]),
         "truncated-close": truncated,
         "hybrid-truncated": HybridDrafter(truncated),
+        "close-stock-attention": stock,
     }
 
 
 SETTINGS = [
-    ("pfr", 1, 4, 0.0),
-    ("mpfr", 2, 3, 0.0),
-    ("mpfr", 4, 4, 0.0),
-    ("mpfr", 4, 6, 0.3),
-    ("pfr", 1, 8, 0.5),
+    ("pfr", 1, 4, 0.0, 0),
+    ("mpfr", 2, 3, 0.0, 0),
+    ("mpfr", 4, 4, 0.0, 0),
+    ("mpfr", 4, 6, 0.3, 0),
+    ("pfr", 1, 8, 0.5, 0),
+    ("mpfr", 2, 2, 0.3, 9),  # lookup drafts go on past L = 2
+    ("pfr", 1, 1, 0.0, 12),
 ]
 
 
 @pytest.mark.parametrize(
-    "method,drafts,lookahead,confidence", SETTINGS, ids=[f"{m}-B{b}-L{ell}-c{c}" for m, b, ell, c in SETTINGS]
+    "method,drafts,lookahead,confidence,lookup",
+    SETTINGS,
+    ids=[f"{m}-B{b}-L{ell}-c{c}-lookup{k}" for m, b, ell, c, k in SETTINGS],
 )
-def test_every_new_drafter_emits_basic_uwm_tokens(models, truncated, method, drafts, lookahead, confidence):
+def test_every_new_drafter_emits_basic_uwm_tokens(
+    models, truncated, method, drafts, lookahead, confidence, lookup
+):
     reference = _run(models["target"], None, method="basic-uwm", drafts=None)
     boundaries = {reference.blocks}
     for name, drafter in _drafters(models, truncated).items():
-        out = _run(models["target"], drafter, method, drafts, lookahead, confidence)
+        out = _run(models["target"], drafter, method, drafts, lookahead, confidence, lookup=lookup)
         assert out.token_ids == reference.token_ids, name
         assert out.masked_positions == reference.masked_positions, name
         assert out.target_forwards == len(out.blocks), name  # still one target forward per block
@@ -107,6 +117,32 @@ def test_prompt_lookup_costs_no_forward_and_the_hybrid_fewer():
     assert lookup.token_ids == model_only.token_ids == hybrid.token_ids
     assert lookup.draft_forwards == 0 and lookup.aatps > 1.5
     assert 0 < hybrid.draft_forwards < model_only.draft_forwards  # lookup drafted some levels for free
+
+
+def test_lookup_drafts_go_past_lookahead_for_free():
+    # The repetitive Markov text of the test above: lookup matches run long, so past L = 2 the
+    # blocks keep accepting lookup drafts, at no drafter forward beyond the L levels.
+    rng = np.random.default_rng(0)
+    target = FakeLM.markov(rng.dirichlet(np.full(12, 0.15), size=12))
+    model = FakeLM.markov(rng.dirichlet(np.full(12, 0.15), size=12))
+    spec = WatermarkSpec(tokenizer=TokenizerRef(name="fake", sha256="2" * 64, vocab_size=12))
+    key = KeyMaterial(key_id="k", secret=Secret(b"m" * 32), spec=spec)
+
+    def run(drafter, lookup):
+        config = SamplerConfig(
+            method="mpfr", drafts=2, lookahead=2, max_new_tokens=120, lookup_lookahead=lookup
+        )
+        return generate(target, [1, 2, 3, 4, 5, 6], config=config, key=key, drafter=drafter, seed=3)
+
+    for make in (
+        lambda: PromptLookup(12, frozenset(), min_match=1),
+        lambda: HybridDrafter(model, min_match=1),
+    ):
+        fixed, deep = run(make(), 0), run(make(), 10)
+        assert deep.token_ids == fixed.token_ids
+        assert max(fixed.blocks) <= 3 < max(deep.blocks)  # L + 1 at most without; longer with
+        assert len(deep.blocks) < len(fixed.blocks)  # fewer target forwards for the same text
+        assert deep.draft_forwards <= 2 * len(deep.blocks)  # the extra levels ran no drafter forward
 
 
 def test_dynamic_lookahead_cuts_drafter_forwards(models):
@@ -146,7 +182,12 @@ def test_drafter_names_resolve_to_what_they_say(models):
     target = models["target"]
     assert isinstance(build_drafter("ngram", target, None), PromptLookup)
     assert isinstance(build_drafter("auto", target, None), PromptLookup)
-    assert isinstance(build_drafter("auto", target, copy.deepcopy(models["close"])), HybridDrafter)
-    assert build_drafter("/some/drafter", target, models["close"]) is models["close"]  # used as it is
+    hybrid = build_drafter("auto", target, copy.deepcopy(models["close"]))
+    assert isinstance(hybrid, HybridDrafter)
+    assert hybrid.model.exact_attention is False  # a draft model attends with stock SDPA
+    own = copy.deepcopy(models["close"])
+    assert build_drafter("/some/drafter", target, own) is own  # used as it is
+    assert build_drafter("/some/drafter", target, target) is target
+    assert target.exact_attention  # the target drafting for itself keeps its batch-invariant attention
     with pytest.raises(ValueError):
         build_drafter("embedded", target, None)
