@@ -74,13 +74,27 @@ def test_generate_json_and_detect_round_trip(dirs, tmp_path):
     assert nowm["key_id"] is None
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "auto"])  # auto: prompt lookup alone for a non-embedded target
-def test_model_free_drafters_emit_basic_uwm_text(dirs, drafter):
+@pytest.mark.parametrize(
+    "drafter,lookup",
+    [("ngram", "0"), ("auto", "0"), ("ngram", "10")],  # auto: prompt lookup alone for a non-embedded target
+)
+def test_model_free_drafters_emit_basic_uwm_text(dirs, drafter, lookup):
     key_id = _key(dirs)
     prompt = " ".join(f"w{i % 7}" for i in range(40))  # repetitive: lookup has matches to draft from
     common = ("--key", key_id, "--raw", "--max-new-tokens", "60", "--seed", "4")
     base = json.loads(_generate(dirs, *common, "--method", "basic-uwm", prompt).stdout)
-    result = _generate(dirs, *common, "--drafts", "2", "--draft-confidence", "0.2", prompt, drafter=drafter)
+    result = _generate(
+        dirs,
+        *common,
+        "--drafts",
+        "2",
+        "--draft-confidence",
+        "0.2",
+        "--lookup-lookahead",
+        lookup,
+        prompt,
+        drafter=drafter,
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["token_ids"] == base["token_ids"] and out["draft_forwards"] == 0
@@ -127,6 +141,7 @@ def test_prompt_file_and_chat_template_free_models(dirs, tmp_path):
         (["--raw", "--drafts", "65", "w1 w2"], "drafts must be in"),
         (["--raw", "--lookahead", "0", "w1 w2"], "lookahead must be in"),
         (["--raw", "--lookahead", "99", "w1 w2"], "lookahead must be in"),
+        (["--raw", "--lookup-lookahead", "99", "w1 w2"], "lookup_lookahead must be in"),
         (["--raw", "--method", "pfr", "--drafts", "4", "w1 w2"], "single-draft"),
         (["--raw", "--method", "nope", "w1 w2"], "unknown method"),
         (["--raw", "--temperature", "0", "w1 w2"], "temperature"),
