@@ -51,18 +51,22 @@ class FusedGroup:
             )
         self.linear = RowInt8Linear(weight, scale, bias)
         self.members = len(layers)
-        self._input: torch.Tensor | None = None
-        self._output: torch.Tensor | None = None
+        # (input, output) of the last call, swapped as one tuple: a forward on another thread can
+        # only replace it, never pair one call's input with another's output.
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
         self._taken = 0
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
         """The stacked output for `x`: computed on the first member's call, reused after."""
-        if self._output is None or self._input is not x:
-            self._input, self._output, self._taken = x, self.linear(x), 0
-        out = self._output
-        self._taken += 1
-        if self._taken == self.members:  # every member has its part: release the tensors
-            self._input = self._output = None
+        last = self._last
+        if last is not None and last[0] is x:
+            out = last[1]
+            self._taken += 1
+        else:
+            out = self.linear(x)
+            self._last, self._taken = (x, out), 1
+        if self._taken >= self.members:  # every member has its part: release the tensors
+            self._last = None
         return out
 
 
