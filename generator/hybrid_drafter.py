@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from wmark.generator.backend import LanguageModel, NodeTable, Session
-from wmark.generator.prompt_lookup import MAX_MATCH, MIN_MATCH, SuffixIndex, proposal_logits
+from wmark.generator.prompt_lookup import DEEP_MATCH, MAX_MATCH, MIN_MATCH, SuffixIndex, proposal_logits
 
 __all__ = ["HybridDrafter", "HybridSession"]
 
@@ -39,12 +39,15 @@ class HybridSession:
     def extend_lookup(
         self, parents: Sequence[int], tokens: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `backend.LookupSession`: lookup rows only; the model is not asked (nor fed these nodes)."""
+        """See `backend.LookupSession`: lookup rows only (matches of at least `DEEP_MATCH` tokens);
+        the model is not asked (nor fed these nodes)."""
         if self._root is None:
             raise RuntimeError("extend_lookup continues a block: call extend first")
         new = self.nodes.add(parents, tokens)
         self.model_ids.extend([-1] * len(new))
-        rows = [proposal_logits(self.index.continuations(self._tail(n)), self.vocab_size) for n in new]
+        rows = [
+            proposal_logits(self.index.continuations(self._tail(n), DEEP_MATCH), self.vocab_size) for n in new
+        ]
         return self._root, torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
 
     def extend(self, parents: Sequence[int], tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

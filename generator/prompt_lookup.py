@@ -21,10 +21,21 @@ import torch
 
 from wmark.generator.backend import NodeTable
 
-__all__ = ["MAX_MATCH", "MIN_MATCH", "PromptLookup", "PromptLookupSession", "SuffixIndex", "proposal_logits"]
+__all__ = [
+    "DEEP_MATCH",
+    "MAX_MATCH",
+    "MIN_MATCH",
+    "PromptLookup",
+    "PromptLookupSession",
+    "SuffixIndex",
+    "proposal_logits",
+]
 
 MIN_MATCH = 2  # a single shared token predicts its successor too poorly to spend a verify row on
 MAX_MATCH = 8  # longer matches add nothing once a context is this specific
+# Past L (lookup lookahead) a draft needs a longer match: each extra level is a verify row, and
+# 2-3 token matches in prose are mostly rejected there (BENCHMARKS.md).
+DEEP_MATCH = 4
 
 
 class SuffixIndex:
@@ -47,10 +58,11 @@ class SuffixIndex:
                 self._where[self.text[-1]].append(len(self.text) - 1)
             self.text.append(int(token))
 
-    def continuations(self, tail: Sequence[int]) -> Counter[int] | None:
+    def continuations(self, tail: Sequence[int], min_match: int | None = None) -> Counter[int] | None:
         """Successor counts of the longest earlier match of (text + tail)'s suffix, or None.
 
         `tail`: tokens after the committed text (a draft path). Only the committed text is searched.
+        `min_match`: a stricter minimum than the index's own for this query (None: the index's).
         """
         n_text = len(self.text)
         context_len = n_text + len(tail)
@@ -70,7 +82,7 @@ class SuffixIndex:
                 best, found = length, Counter()
             if length == best:
                 found[self.text[p + 1]] += 1
-        return found if best >= self.min_match else None
+        return found if best >= max(self.min_match, min_match or 0) else None
 
 
 def proposal_logits(counts: Counter[int] | None, vocab_size: int) -> torch.Tensor:
@@ -92,8 +104,8 @@ class PromptLookupSession:
         self.nodes = NodeTable()
         self._root: torch.Tensor | None = None
 
-    def _row(self, tail: Sequence[int]) -> torch.Tensor:
-        return proposal_logits(self.index.continuations(tail), self.vocab_size)
+    def _row(self, tail: Sequence[int], min_match: int | None = None) -> torch.Tensor:
+        return proposal_logits(self.index.continuations(tail, min_match), self.vocab_size)
 
     def extend(self, parents: Sequence[int], tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """See `Session.extend`."""
@@ -103,7 +115,14 @@ class PromptLookupSession:
         rows = [self._row([self.nodes.tokens[a] for a in self.nodes.ancestors(n)]) for n in new]
         return self._root, torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
 
-    extend_lookup = extend  # every proposal here is a lookup (`backend.LookupSession`)
+    def extend_lookup(
+        self, parents: Sequence[int], tokens: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `backend.LookupSession`: as `extend`, with matches of at least `DEEP_MATCH` tokens."""
+        new = self.nodes.add(parents, tokens)
+        rows = [self._row([self.nodes.tokens[a] for a in self.nodes.ancestors(n)], DEEP_MATCH) for n in new]
+        assert self._root is not None, "extend_lookup continues a block: call extend first"
+        return self._root, torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
 
     def accept(self, path: Sequence[int], extra: Sequence[int]) -> None:
         """See `Session.accept`."""
