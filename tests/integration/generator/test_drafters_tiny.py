@@ -97,13 +97,18 @@ def test_every_new_drafter_emits_basic_uwm_tokens(
     assert len(boundaries) > 2  # the drafters really differ in where blocks end
 
 
-def test_prompt_lookup_costs_no_forward_and_the_hybrid_fewer():
-    # A low-entropy Markov LM repeats itself, as summaries and code do: lookup has matches to accept.
+def _repetitive_pair() -> tuple[FakeLM, FakeLM, KeyMaterial]:
+    """A low-entropy Markov target and drafter over 12 tokens (text that repeats itself, as
+    summaries and code do, so prompt lookup has matches), and a key for them (seeded)."""
     rng = np.random.default_rng(0)
     target = FakeLM.markov(rng.dirichlet(np.full(12, 0.15), size=12))
     model = FakeLM.markov(rng.dirichlet(np.full(12, 0.15), size=12))
     spec = WatermarkSpec(tokenizer=TokenizerRef(name="fake", sha256="2" * 64, vocab_size=12))
-    key = KeyMaterial(key_id="k", secret=Secret(b"m" * 32), spec=spec)
+    return target, model, KeyMaterial(key_id="k", secret=Secret(b"m" * 32), spec=spec)
+
+
+def test_prompt_lookup_costs_no_forward_and_the_hybrid_fewer():
+    target, model, key = _repetitive_pair()
     config = SamplerConfig(method="mpfr", drafts=2, lookahead=4, max_new_tokens=120)
 
     def run(drafter):
@@ -120,13 +125,9 @@ def test_prompt_lookup_costs_no_forward_and_the_hybrid_fewer():
 
 
 def test_lookup_drafts_go_past_lookahead_for_free():
-    # The repetitive Markov text of the test above: lookup matches run long, so past L = 2 the
+    # The repetitive Markov text of `_repetitive_pair`: lookup matches run long, so past L = 2 the
     # blocks keep accepting lookup drafts, at no drafter forward beyond the L levels.
-    rng = np.random.default_rng(0)
-    target = FakeLM.markov(rng.dirichlet(np.full(12, 0.15), size=12))
-    model = FakeLM.markov(rng.dirichlet(np.full(12, 0.15), size=12))
-    spec = WatermarkSpec(tokenizer=TokenizerRef(name="fake", sha256="2" * 64, vocab_size=12))
-    key = KeyMaterial(key_id="k", secret=Secret(b"m" * 32), spec=spec)
+    target, model, key = _repetitive_pair()
 
     def run(drafter, lookup):
         config = SamplerConfig(
