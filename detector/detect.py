@@ -4,9 +4,11 @@ Pure numpy after tokenisation: no model weights. Several keys are tested at once
 correction, so a text is flagged only if the family-wise error over all keys stays at alpha.
 A key of one of vLLM's native schemes is tested the same way (`KeyScorer`), with vLLM's PRF,
 contexts and score (`wmark.vllm_gumbel`).
-A text is read as submitted and, where they differ, in its canonical forms (`normalize`): each
-key's p-value is the smallest over the m readings times m (Bonferroni), so invisible edits cost
-the watermark nothing while the error over readings stays at alpha.
+A text is read as `wmark.detector.readings` decides from the text alone: canonically only when
+it carries marks of an edit (invisible characters, look-alike letters, ...), unwrapped and
+recased where it was re-wrapped or recased, so those edits cost the watermark nothing and the
+p-value stays exact. Where the text cannot tell (doubled spaces), it is read both as submitted
+and canonically, and each key's p-value is the smaller times 2 (Bonferroni).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 from wmark.contexts import prefix_positions, scored_positions
-from wmark.detector.normalize import NormalizedText, reading_texts, sentence_case, text_variants
+from wmark.detector.normalize import NormalizedText
+from wmark.detector.readings import edit_marks, reading_texts, restored, text_variants
 from wmark.detector.result import Detection, KeyResult, TokenEvidence, Verdict
 from wmark.detector.splice import canonical_readings
 from wmark.detector.tokenize import TextTokenizer
@@ -184,8 +187,9 @@ class Encoding:
 class Encodings:
     """One input as every key reads it: tokenised once per distinct tokenizer, or raw token IDs.
 
-    Per tokenizer, the first encoding is the submitted text's; the others (if any) are its
-    canonical readings, each with token IDs different from all before it.
+    Per tokenizer, the encodings of the text's readings (`wmark.detector.readings`), each with
+    token IDs different from all before it; the first is the submitted text's own unless the
+    text carries marks of an edit, was re-wrapped or recased.
     """
 
     def __init__(
@@ -194,12 +198,8 @@ class Encodings:
         self._by_tokenizer = {sha: tuple(encs) for sha, encs in (by_tokenizer or {}).items()}
         self._ids = ids
 
-    def for_key(self, key: KeyMaterial) -> Encoding:
-        """The encoding of the submitted input that `key` scores: its tokenizer's, or the raw IDs."""
-        return self.readings(key)[0]
-
     def readings(self, key: KeyMaterial) -> tuple[Encoding, ...]:
-        """Every reading `key` scores: the submitted text's encoding first."""
+        """Every reading `key` scores."""
         found = self._by_tokenizer.get(key.spec.tokenizer.sha256)
         if found is not None:
             return found
@@ -217,7 +217,7 @@ class KeyScore:
         pivots: scored positions and pivots of the reading the test reports.
         test: that reading's exact test; its log p-value is corrected for the readings tried.
         encoding: that reading's tokens (offsets into the submitted text).
-        reading: its index among the readings (0: the text as submitted).
+        reading: its index among the readings.
         n_readings: the readings tried, the Bonferroni factor in `test.log_p`.
     """
 
@@ -460,26 +460,36 @@ def reading_ids(
 
     The canonical reading is spliced from the text's tokens where the tokenizer allows it
     (`wmark.detector.splice`: only its changed lines are tokenised), else tokenised in full;
-    a sentence-case reading (rare) is tokenised in full. One batch call per kind of reading.
+    an unwrapped or recased reading (rare) is tokenised in full. One batch call per kind of
+    reading.
     """
     tables = tok.splice_tables
     if tables is None:
-        variants = [reading_texts(t)[1:] for t in texts]
-        flat = tok.encode_batch([v for vs in variants for v in vs])
-        out, k = [], 0
-        for first, vs in zip(ids, variants, strict=True):
-            out.append([first, *flat[k : k + len(vs)]])
-            k += len(vs)
+        variants = [reading_texts(t) for t in texts]
+        todo = [(i, j, v) for i, vs in enumerate(variants) for j, v in enumerate(vs) if v != texts[i]]
+        flat = tok.encode_batch([v for _, _, v in todo])
+        out = [[ids[i]] * len(vs) for i, vs in enumerate(variants)]
+        for (i, j, _), new in zip(todo, flat, strict=True):
+            out[i][j] = new
         return out
     canonical = canonical_readings(tables, texts, ids, tok.encode_batch)
-    out = [[first] if c is None else [first, c[1]] for first, c in zip(ids, canonical, strict=True)]
-    recased: list[tuple[int, str]] = []
-    for i, (text, c) in enumerate(zip(texts, canonical, strict=True)):
-        reading = sentence_case(text if c is None else c[0])
-        if reading is not None and reading != text and (c is None or reading != c[0]):
-            recased.append((i, reading))
-    for (i, _), recased_ids in zip(recased, tok.encode_batch([r for _, r in recased]), strict=True):
-        out[i].append(recased_ids)
+    bases: list[list[tuple[str, npt.NDArray[np.uint32]]]] = []
+    for text, own, c in zip(texts, ids, canonical, strict=True):
+        if c is None:
+            bases.append([(text, own)])
+        else:
+            bases.append([c] if edit_marks(text) else [(text, own), c])
+    out, redo = [], []
+    for i, readings in enumerate(bases):
+        row = []
+        for j, (text, own) in enumerate(readings):
+            row.append(own)
+            reading = restored(text)
+            if reading != text:
+                redo.append((i, j, reading))
+        out.append(row)
+    for (i, j, _), new in zip(redo, tok.encode_batch([r for _, _, r in redo]), strict=True):
+        out[i][j] = new
     return out
 
 

@@ -16,9 +16,9 @@ decomposed accents, doubled spaces, CR LF line ends. `normalize` undoes these:
    break or at the end nothing; indentation at the start of a line is kept (code).
 
 Normalisation also changes legitimately generated text that uses these characters (a Russian
-answer folded into Latin look-alikes), so the detector tests the raw text as well and corrects
-for the two tests (`Detector`). Case changes are not undone here: `text_variants` adds a
-sentence-case reading only for text written in one case throughout.
+answer folded into Latin look-alikes, an aligned comment's two spaces). Which readings the
+detector tests, the canonical one alone or beside the text as submitted, is decided from the
+text in `wmark.detector.readings`, which also undoes re-wrapping and recasing.
 """
 
 from __future__ import annotations
@@ -29,27 +29,11 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "NormalizedText",
-    "canonical_text",
-    "normalize",
-    "reading_texts",
-    "sentence_case",
-    "text_variants",
-]
+__all__ = ["NormalizedText", "canonical_text", "confusable_folds", "is_invisible", "normalize"]
 
 _LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 # Hangul fillers and the combining grapheme joiner render as nothing but are not category Cf.
 _INVISIBLE = frozenset("\u034f\u115f\u1160\u3164\uffa0")
-_SENTENCE_START = re.compile(r"(^|[.!?]\s+|\n\s*)([a-z])")
-_LONE_I = re.compile(r"\bi\b")
-_LOWER_SENTENCE = re.compile(r"[a-z][.!?] +[a-z]")
-_WORDS = re.compile(r"[^\W\d_]+")
-# bytes of UTF-8 text -> "a" (a-z), "A" (A-Z and bytes of non-ASCII characters), " " (the rest)
-_CASE_CLASSES = bytes(
-    ord("a") if 0x61 <= b <= 0x7A else ord("A") if 0x41 <= b <= 0x5A or b >= 0x80 else ord(" ")
-    for b in range(256)
-)
 _OTHER_BREAKS = re.compile(r"[\r\x0b\x0c\x1c-\x1e]")
 _NON_ASCII_BREAKS = re.compile("[\x85\u2028\u2029]")
 _NON_ASCII_RUN = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+")
@@ -108,7 +92,9 @@ class NormalizedText:
         return [self.source_span(s, e) for s, e in offsets]
 
 
-def _is_invisible(ch: str) -> bool:
+def is_invisible(ch: str) -> bool:
+    """Whether `ch` renders as nothing: a format character (Unicode category Cf), a variation
+    selector, or a Hangul filler or the combining grapheme joiner."""
     if ch in _INVISIBLE or unicodedata.category(ch) == "Cf":
         return True
     cp = ord(ch)
@@ -119,6 +105,12 @@ def _continues_cluster(ch: str) -> bool:
     # Combining marks, and Hangul medial vowels / final consonants (NFD splits a syllable into
     # jamo of combining class 0 that NFKC composes again).
     return unicodedata.combining(ch) != 0 or 0x1160 <= ord(ch) <= 0x11FF
+
+
+def confusable_folds() -> dict[str, str]:
+    """Non-ASCII character -> the ASCII letter or digit it is confusable with (a shared table:
+    do not modify it)."""
+    return _ascii_fold()
 
 
 @functools.cache
@@ -167,7 +159,7 @@ def _pick(look: str, direct: list[str], candidates: list[str]) -> str:
 def _clusters(text: str) -> list[tuple[int, int]]:
     spans: list[tuple[int, int]] = []
     for i, ch in enumerate(text):
-        if _is_invisible(ch):
+        if is_invisible(ch):
             continue
         if spans and _continues_cluster(ch) and spans[-1][1] == i:
             spans[-1] = (spans[-1][0], i + 1)
@@ -249,7 +241,7 @@ class _CharTable(dict[int, str]):
 
     def __missing__(self, cp: int) -> str:
         ch = chr(cp)
-        out = "" if _is_invisible(ch) else _fold_all(unicodedata.normalize("NFKC", ch))
+        out = "" if is_invisible(ch) else _fold_all(unicodedata.normalize("NFKC", ch))
         self[cp] = out
         return out
 
@@ -285,7 +277,7 @@ def _canonical(text: str) -> NormalizedText:
     pending_space: tuple[int, int] | None = None  # a run of spaces inside a line, not yet written
     at_line_start = True
     for s, e in _clusters(text):
-        cluster = "".join(ch for ch in text[s:e] if not _is_invisible(ch))
+        cluster = "".join(ch for ch in text[s:e] if not is_invisible(ch))
         if cluster == "\r" and e < len(text) and text[e] == "\n":
             continue  # CR LF: the LF writes the break
         for ch in unicodedata.normalize("NFKC", cluster):
@@ -308,75 +300,3 @@ def _canonical(text: str) -> NormalizedText:
                 emit(ch, s, e)
                 at_line_start = False
     return NormalizedText("".join(chars), tuple(starts), tuple(ends), len(text))
-
-
-def sentence_case(text: str) -> str | None:
-    """A sentence-case reading of a text written in one case throughout, else None.
-
-    Generated prose is lower case with capitals at sentence starts; a text whose letters are
-    all upper case, all lower case, or whose words all start with a capital (title case) was
-    most likely recased, and this reading recovers most of its tokens. The reading has the
-    text's length, character for character, so the text's character map serves it too.
-    """
-    all_upper = text.isupper()  # str methods: every cased character, at C speed
-    # lower case throughout is also how code and identifiers look: only prose, whose sentences
-    # then start in lower case, gets the reading
-    all_lower = text.islower() and len(_LOWER_SENTENCE.findall(text)) >= 2
-    if not (all_upper or all_lower) and not _may_be_title(text):
-        return None
-    words = _WORDS.findall(text)
-    if len(words) < 5:
-        return None
-    title = sum(w[0].isupper() for w in words) >= 0.9 * len(words)
-    if not (all_upper or all_lower or title) or sum(map(len, words)) < 20:
-        return None
-    lowered = text.lower()
-    if len(lowered) != len(text):
-        return None  # a case mapping that changes length ("İ"): no character map, no reading
-    recased = _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2).upper(), lowered)
-    return _LONE_I.sub("I", recased)
-
-
-def _may_be_title(text: str) -> bool:
-    """False when counting bytes shows that fewer than 90% of the words of `text` can start
-    with a capital (the title-case test of `sentence_case`, ruled out at C speed).
-
-    Words that start with a-z after an ASCII non-letter are some of the words N that do not
-    start with a capital; the capitals (A-Z, or a non-ASCII character, which has a byte above
-    0x7f) bound the words U that do. Title case needs U >= 0.9 (U + N), so N <= U / 9; the
-    margin of one word covers the rounding of 0.9 * len(words).
-    """
-    classes = text.encode("utf-8").translate(_CASE_CLASSES)
-    lower_starts = classes.count(b" a") + classes.startswith(b"a")
-    return 9 * lower_starts <= classes.count(b"A") + 9
-
-
-def reading_texts(text: str) -> list[str]:
-    """The texts of `text_variants(text)`, without character maps (what detection without
-    offsets needs; ASCII text at C speed)."""
-    out = [text]
-    canonical = canonical_text(text)
-    for candidate in (canonical, sentence_case(canonical)):
-        if candidate is not None and candidate not in out:
-            out.append(candidate)
-    return out
-
-
-def text_variants(text: str) -> list[NormalizedText]:
-    """The readings of `text` the detector tests: the text itself first, then distinct others.
-
-    The others are the canonical form (`normalize`) and, for text written in one case
-    throughout, its sentence-case reading. A reading equal to an earlier one is dropped, so
-    ordinary text has one reading and pays no correction.
-    """
-    out = [NormalizedText.identity(text)]
-    canonical = normalize(text)
-    recased = sentence_case(canonical.text)
-    candidates = [canonical]
-    if recased is not None:
-        same_map = (canonical.starts, canonical.ends, canonical.original_length)
-        candidates.append(NormalizedText(recased, *same_map))
-    for candidate in candidates:
-        if all(candidate.text != seen.text for seen in out):
-            out.append(candidate)
-    return out

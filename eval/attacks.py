@@ -140,19 +140,23 @@ def line_ends(text: str, rng: np.random.Generator) -> str:
 
 
 def reflow(width: int) -> Transform:
-    """Re-wrap every paragraph at `width` characters (spaces become line breaks)."""
+    """Re-wrap every paragraph at `width` characters (spaces become line breaks); a line's
+    indentation stays in front of its first piece, as editors wrap."""
 
     def apply(text: str, rng: np.random.Generator) -> str:  # noqa: ARG001 (deterministic)
         out = []
         for line in text.split("\n"):
-            wrapped, current = [], ""
-            for word in line.split(" "):
-                if current and len(current) + 1 + len(word) > width:
+            body = line.lstrip(" ")
+            indent = line[: len(line) - len(body)]
+            wrapped: list[str] = []
+            current = ""
+            for word in body.split(" "):
+                if current and len(indent if not wrapped else "") + len(current) + 1 + len(word) > width:
                     wrapped.append(current)
                     current = word
                 else:
                     current = f"{current} {word}" if current else word
-            out.append("\n".join([*wrapped, current]))
+            out.append(indent + "\n".join([*wrapped, current]))
         return "\n".join(out)
 
     return apply

@@ -42,9 +42,7 @@ def planted_words(word_key, planted) -> list[str]:
     return [f"w{i - 1}" for i in planted(word_key, 200, np.random.default_rng(31))]
 
 
-def test_invisible_edits_cost_the_watermark_only_the_correction_for_two_readings(
-    detector, raw_detector, planted_words
-):
+def test_invisible_edits_cost_the_watermark_nothing(detector, raw_detector, planted_words):
     attacked = _attacked(planted_words)
     clean = normalize(attacked).text
     assert clean.split() == planted_words  # the canonical reading is the clean text
@@ -56,8 +54,9 @@ def test_invisible_edits_cost_the_watermark_only_the_correction_for_two_readings
     reference = detector.detect(clean)
     assert reference.verdict == "watermarked" and reference.p_value < 1e-6
     assert result.verdict == "watermarked"
-    # two readings (raw, canonical), Bonferroni: exactly the clean text's p-value times 2
-    assert math.isclose(result.log_p, reference.log_p + math.log(2), rel_tol=1e-12)
+    # the marks (zero-width spaces, a look-alike, CR) decide the reading: the canonical one
+    # alone, so no correction: exactly the clean text's p-value
+    assert math.isclose(result.log_p, reference.log_p, rel_tol=1e-12)
 
 
 def test_unchanged_text_pays_no_correction(detector, raw_detector, planted_words):

@@ -7,7 +7,7 @@ import unicodedata
 import numpy as np
 import pytest
 
-from wmark.detector.normalize import NormalizedText, normalize, text_variants
+from wmark.detector.normalize import NormalizedText, normalize
 
 CLEAN = "The river floods in spring.\nFarmers plant after the water recedes.\n    indented line"
 
@@ -67,33 +67,6 @@ def test_identity_maps_each_character_to_itself() -> None:
     assert ident.map_offsets([(0, 2), (2, 3)]) == [(0, 2), (2, 3)]
 
 
-def test_ordinary_text_has_one_reading_so_no_correction() -> None:
-    assert [v.text for v in text_variants(CLEAN)] == [CLEAN]
-
-
-def test_attacked_text_is_read_as_submitted_first_then_canonically() -> None:
-    attacked = CLEAN.replace(" ", " \u200b")
-    assert [v.text for v in text_variants(attacked)] == [attacked, CLEAN]
-
-
-@pytest.mark.parametrize("recase", [str.upper, str.lower, str.title])
-def test_text_in_one_case_throughout_gets_a_sentence_case_reading(recase: object) -> None:
-    prose = "The river floods in spring. Farmers plant after the water recedes. I think it helps."
-    assert callable(recase)
-    readings = [v.text for v in text_variants(recase(prose))]
-    assert readings[-1] == prose
-
-
-def test_mixed_case_prose_gets_no_sentence_case_reading() -> None:
-    prose = "Paris is in France. The Seine runs through it. Many people visit each year."
-    assert len(text_variants(prose)) == 1
-
-
-def test_lower_case_code_gets_no_sentence_case_reading() -> None:
-    code = "def total(items):\n    return sum(item.price for item in items)\n\nprint(total(cart))\n"
-    assert len(text_variants(code)) == 1
-
-
 def test_the_ascii_fast_path_never_skips_a_change() -> None:
     from wmark.detector.normalize import _canonical
 
@@ -102,17 +75,6 @@ def test_the_ascii_fast_path_never_skips_a_change() -> None:
     for _ in range(3000):
         text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 12))))
         assert normalize(text).text == _canonical(text).text, repr(text)
-
-
-def test_reading_texts_are_the_texts_of_the_readings() -> None:
-    from wmark.detector.normalize import reading_texts
-
-    rng = np.random.default_rng(8)
-    alphabet = list("ab. \t\n\r\x0b\x1fI\u00e9\u200b\u0430")
-    samples = ["".join(rng.choice(alphabet, size=int(rng.integers(1, 30)))) for _ in range(2000)]
-    samples += [CLEAN, CLEAN.upper(), CLEAN.replace(" ", "  "), "THE RIVER. IT FLOODS. I SEE IT NOW."]
-    for text in samples:
-        assert reading_texts(text) == [v.text for v in text_variants(text)], repr(text)
 
 
 def test_canonical_text_equals_the_mapped_path_on_every_kind_of_character() -> None:
@@ -130,28 +92,6 @@ def test_canonical_text_equals_the_mapped_path_on_every_kind_of_character() -> N
     for _ in range(20000):
         text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 14))))
         assert canonical_text(text) == _canonical(text).text, repr(text)
-
-
-def test_the_title_case_bound_never_rules_out_title_case_text() -> None:
-    """_may_be_title may only say False where the words are not 90% capitalised; texts near
-    the threshold (85-95% capitalised words, some non-ASCII) exercise both answers."""
-    import re
-
-    from wmark.detector.normalize import _may_be_title
-
-    rng = np.random.default_rng(10)
-    vocab = ["river", "Flood", "\u00e9t\u00e9", "\u00c9t\u00e9", "x1y", "_a", "it's", "B", "c"]
-    answers = set()
-    for _ in range(3000):
-        words = [vocab[int(i)] for i in rng.integers(0, len(vocab), size=int(rng.integers(5, 60)))]
-        share = rng.uniform(0.85, 0.95)
-        words = [w[:1].upper() + w[1:] if rng.random() < share else w for w in words]
-        text = " ".join(words)
-        found = re.findall(r"[^\W\d_]+", text)
-        title = sum(w[0].isupper() for w in found) >= 0.9 * len(found)
-        answers.add(_may_be_title(text))
-        assert _may_be_title(text) or not title, text
-    assert answers == {True, False}
 
 
 def test_normalize_goes_cluster_by_cluster_only_in_chunks_that_may_change() -> None:

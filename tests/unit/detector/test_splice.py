@@ -10,13 +10,15 @@ text). Equality is exact: a single differing token ID fails.
 from __future__ import annotations
 
 import json
+import textwrap
 
 import numpy as np
 import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
 from wmark.detector import Detector, TextTokenizer
-from wmark.detector.normalize import canonical_text, reading_texts
+from wmark.detector.normalize import canonical_text
+from wmark.detector.readings import reading_texts
 from wmark.detector.splice import SpliceTables, canonical_readings
 
 QWEN2_SPLIT = (
@@ -88,6 +90,11 @@ def test_the_detector_reads_the_same_token_ids_as_full_tokenisation(bpe: TextTok
     rng = np.random.default_rng(2)
     texts = [t for t in (_text(rng) for _ in range(500)) if t.strip()]
     texts += ["THE RIVER FLOODS.  IT RISES. I SEE IT NOW.\n", "The River Floods In Spring  \n"]
+    # re-wrapped (with and without doubled spaces or a mark), and recased with a mark
+    paragraph = " ".join(["the river x value return"] * 12)
+    wrapped = "\n".join(textwrap.wrap(paragraph, 40))
+    texts += [wrapped, wrapped.replace(" ", "  ", 3), wrapped.replace(" ", "\u00a0", 2)]
+    texts += ["THE RIVER\u200b FLOODS. IT RISES. I SEE IT NOW.\n"]
     for text, enc in zip(texts, detector.encode_many(texts), strict=True):
         want: list[np.ndarray] = []
         for reading in reading_texts(text):

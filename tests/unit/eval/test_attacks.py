@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import unicodedata
 
+import numpy as np
 import pytest
 
 from wmark.detector.normalize import normalize
 from wmark.errors import InputError
-from wmark.eval.attacks import ATTACKS, attacked, parse_attacks
+from wmark.eval.attacks import ATTACKS, attacked, parse_attacks, reflow
 from wmark.eval.lexicon import DEFAULT_WORDNET, WordNet
 
 PROSE = (
@@ -76,6 +77,15 @@ def test_recasing_and_reflow() -> None:
     reflowed = attacked("reflow-60", PROSE, seed=0, doc="c")
     assert all(len(line) <= 60 for line in reflowed.split("\n"))
     assert reflowed.split() == PROSE.split()
+
+
+def test_reflow_keeps_each_line_indentation() -> None:
+    code = "def f(x):\n    return some_function(argument_one, argument_two, argument_three, argument_four)\n"
+    reflowed = reflow(40)(code, np.random.default_rng(0))
+    lines = reflowed.split("\n")
+    assert lines[1].startswith("    return ") and not lines[2].startswith(" ")
+    assert all(len(line) <= 40 for line in lines)
+    assert reflowed.split() == code.split()
 
 
 def test_unicode_forms_are_the_forms() -> None:

@@ -1,0 +1,206 @@
+"""Which readings of a text the detector tests, decided from the text alone.
+
+A reading is a text the detector tokenises and scores in place of the submitted one. Testing
+m readings and keeping the best costs a Bonferroni factor m on the p-value; choosing the
+reading from the text alone costs nothing, because a choice that never looks at the key
+leaves the text's tokens independent of the key under H0, so the chosen reading's p-value is
+exact. So this module decides what it can from the text and tests two readings only where the
+text cannot tell:
+
+- A text that carries an **edit mark**, something a language model does not write but an
+  attacker's edit leaves (a format character outside an emoji sequence, a no-break or other
+  compatibility space, a fullwidth or mathematical letter or digit, a word that mixes ASCII
+  letters with look-alikes from another script, decomposed accents, a line break other than
+  LF), is read canonically only (`wmark.detector.normalize`): its raw tokens are the attack's.
+- A text without marks that normalisation still changes (doubled spaces, trailing spaces: a
+  model writes these too, in aligned code comments or Markdown) is read both ways, with the
+  factor 2.
+- Each reading is then **unwrapped** if its lines were hard-wrapped (every break the greedy
+  wrap of a paragraph at the text's widest line would make: a model's paragraphs are single
+  long lines), and put into **sentence case** if written in one case throughout.
+
+Unwrapping and recasing keep the text's length, so a reading's character map (for per-token
+evidence on the submitted characters) is its base's.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from wmark.detector.normalize import NormalizedText, canonical_text, confusable_folds, is_invisible, normalize
+
+__all__ = ["edit_marks", "reading_texts", "restored", "sentence_case", "text_variants", "unwrap"]
+
+# A sentence starts after the text's start, a full stop (and closing quotes or emphasis) and
+# space, a Markdown label ("**Label:** text") or a line break; Markdown list marks, numbers,
+# headings, emphasis and opening quotes may stand before its first letter.
+_SENTENCE_START = re.compile(
+    r"(^|[.!?][\"')\]*_\u201d\u2019]*\s+|:\*\*\s+|\n\s*)"
+    r"((?:[-*+>#]+\s+)*(?:\d+[.)]\s+)?[*_\"'(\[\u201c\u2018]*)([a-z])"
+)
+_LONE_I = re.compile(r"\bi\b")
+_LOWER_SENTENCE = re.compile(r"[a-z][.!?][\"')\]*_]* +[\"'(\[*_]*[a-z]")
+_WORDS = re.compile(r"[^\W\d_]+")
+# bytes of UTF-8 text -> "a" (a-z), "A" (A-Z and bytes of non-ASCII characters), " " (the rest)
+_CASE_CLASSES = bytes(
+    ord("a") if 0x61 <= b <= 0x7A else ord("A") if 0x41 <= b <= 0x5A or b >= 0x80 else ord(" ")
+    for b in range(256)
+)
+_ASCII_MARKS = re.compile(r"[\r\x0b\x0c\x1c-\x1e]")  # line breaks other than LF
+# compatibility spaces and line breaks, fullwidth letters and digits, mathematical alphanumerics
+_COMPAT_MARKS = re.compile(
+    "[\x85\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f"
+    "\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\U0001d400-\U0001d7ff]"
+)
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_NON_ASCII_WORD = re.compile(r"[^\W\d_]*[^\x00-\x7f\W\d_][^\W\d_]*")
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
+# joiners and selectors that belong to emoji sequences (ZWJ, text/emoji presentation, tags)
+_EMOJI_GLUE = frozenset("\u200d\ufe0e\ufe0f") | frozenset(map(chr, range(0xE0020, 0xE0080)))
+_WRAP_WIDTHS = (30, 100)  # hard wraps are at 40-80 columns (e-mail 72, terminals 80)
+_MIN_WRAPS = 3
+
+
+def sentence_case(text: str) -> str | None:
+    """A sentence-case reading of a text written in one case throughout, else None.
+
+    Generated prose is lower case with capitals at sentence starts; a text whose letters are
+    all upper case, all lower case, or whose words all start with a capital (title case) was
+    most likely recased, and this reading recovers most of its tokens. The reading has the
+    text's length, character for character, so the text's character map serves it too.
+    """
+    all_upper = text.isupper()  # str methods: every cased character, at C speed
+    # lower case throughout is also how code and identifiers look: only prose, whose sentences
+    # then start in lower case, gets the reading
+    all_lower = text.islower() and len(_LOWER_SENTENCE.findall(text)) >= 2
+    if not (all_upper or all_lower) and not _may_be_title(text):
+        return None
+    words = _WORDS.findall(text)
+    if len(words) < 5:
+        return None
+    title = sum(w[0].isupper() for w in words) >= 0.9 * len(words)
+    if not (all_upper or all_lower or title) or sum(map(len, words)) < 20:
+        return None
+    lowered = text.lower()
+    if len(lowered) != len(text):
+        return None  # a case mapping that changes length ("İ"): no character map, no reading
+    recased = _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2) + m.group(3).upper(), lowered)
+    return _LONE_I.sub("I", recased)
+
+
+def _may_be_title(text: str) -> bool:
+    """False when counting bytes shows that fewer than 90% of the words of `text` can start
+    with a capital (the title-case test of `sentence_case`, ruled out at C speed).
+
+    Words that start with a-z after an ASCII non-letter are some of the words N that do not
+    start with a capital; the capitals (A-Z, or a non-ASCII character, which has a byte above
+    0x7f) bound the words U that do. Title case needs U >= 0.9 (U + N), so N <= U / 9; the
+    margin of one word covers the rounding of 0.9 * len(words).
+    """
+    classes = text.encode("utf-8").translate(_CASE_CLASSES)
+    lower_starts = classes.count(b" a") + classes.startswith(b"a")
+    return 9 * lower_starts <= classes.count(b"A") + 9
+
+
+def edit_marks(text: str) -> bool:
+    """Whether `text` carries a mark of an edit that a language model does not make (see the
+    module docstring); ASCII text at C speed."""
+    if _ASCII_MARKS.search(text):
+        return True
+    if text.isascii():
+        return False
+    if _COMPAT_MARKS.search(text) or not unicodedata.is_normalized("NFC", text):
+        return True
+    for match in _NON_ASCII.finditer(text):
+        ch = match.group()
+        if is_invisible(ch) and not _in_emoji(text, match.start()):
+            return True
+    folds = confusable_folds()
+    for match in _NON_ASCII_WORD.finditer(text):
+        word = match.group()
+        if _ASCII_LETTER.search(word) and any(ch in folds for ch in word):
+            return True  # a Latin word with a look-alike from another script in it
+    return False
+
+
+def _in_emoji(text: str, at: int) -> bool:
+    """Whether the invisible character at `at` glues an emoji sequence (after a symbol)."""
+    if text[at] not in _EMOJI_GLUE or at == 0:
+        return False
+    before = text[at - 1]
+    return before in _EMOJI_GLUE or unicodedata.category(before) in ("So", "Sk")
+
+
+def unwrap(text: str) -> str | None:
+    """`text` with the line breaks of a hard wrap made spaces again, or None if it has none.
+
+    A break is a wrap when the next line's first word would not have fitted on the line at the
+    width of the text's widest line (what a greedy wrap does); breaks before blank or indented
+    lines, and after a line ending in a space, are structure and stay. The text counts as
+    wrapped when its widest line has 30 to 100 characters and at least three breaks, and half
+    of those between two text lines, are wraps: a model writes a paragraph as one line. Verse
+    with even lines in that range reads as wrapped too; that costs power, never validity.
+    """
+    if text.count("\n") < _MIN_WRAPS:
+        return None
+    lines = text.split("\n")
+    width = max(map(len, lines))
+    if not _WRAP_WIDTHS[0] <= width <= _WRAP_WIDTHS[1]:
+        return None
+    wraps, breaks = [], 0
+    for i in range(len(lines) - 1):
+        line, after = lines[i], lines[i + 1]
+        if not line or not after or line[-1].isspace() or after[0].isspace():
+            continue
+        breaks += 1
+        if len(line) + 1 + len(after.split(" ", 1)[0]) > width:
+            wraps.append(i)
+    if len(wraps) < _MIN_WRAPS or 2 * len(wraps) < breaks:
+        return None
+    chars = list(text)
+    ends = [0] * len(lines)
+    at = -1
+    for i, line in enumerate(lines):
+        at += len(line) + 1
+        ends[i] = at  # the "\n" after line i
+    for i in wraps:
+        chars[ends[i]] = " "
+    return "".join(chars)
+
+
+def restored(text: str) -> str:
+    """A reading's text unwrapped and recased where the text shows it was (same length)."""
+    unwrapped = unwrap(text)
+    text = text if unwrapped is None else unwrapped
+    recased = sentence_case(text)
+    return text if recased is None else recased
+
+
+def reading_texts(text: str) -> list[str]:
+    """The texts of `text_variants(text)`, without character maps (what detection without
+    offsets needs; ASCII text at C speed)."""
+    canonical = canonical_text(text)
+    bases = [canonical] if edit_marks(text) else [text, canonical]
+    out: list[str] = []
+    for base in bases:
+        reading = restored(base)
+        if reading not in out:
+            out.append(reading)
+    return out
+
+
+def text_variants(text: str) -> list[NormalizedText]:
+    """The readings of `text` the detector tests, each mapped to the submitted characters.
+
+    One reading unless the text has no edit mark and normalisation still changes it; then the
+    text as submitted first and its canonical form second (see the module docstring).
+    """
+    canonical = normalize(text)
+    bases = [canonical] if edit_marks(text) else [NormalizedText.identity(text), canonical]
+    out: list[NormalizedText] = []
+    for base in bases:
+        reading = restored(base.text)
+        if all(reading != seen.text for seen in out):
+            out.append(NormalizedText(reading, base.starts, base.ends, base.original_length))
+    return out

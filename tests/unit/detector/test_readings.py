@@ -1,0 +1,159 @@
+"""The readings the detector tests are decided from the text alone (no Bonferroni factor where
+the text shows what was done to it), and map back to the submitted characters."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+from wmark.detector.readings import edit_marks, reading_texts, text_variants, unwrap
+from wmark.eval.attacks import attacked
+
+CLEAN = "The river floods in spring.\nFarmers plant after the water recedes.\n    indented line"
+PARAGRAPH = (
+    "Rivers flood in spring because snow melts in the mountains and the water runs down into "
+    "the valleys, where it spreads over the fields. Farmers plant after the water recedes, since "
+    "the silt left behind is rich, na\u00efve as it sounds. In short: floods bring water and soil."
+)
+ANSWER = f"{PARAGRAPH}\n\n- first point\n- second point\n\n{PARAGRAPH}"
+
+
+def test_ordinary_text_has_one_reading_so_no_correction() -> None:
+    assert [v.text for v in text_variants(CLEAN)] == [CLEAN]
+
+
+def test_text_with_edit_marks_is_read_canonically_only() -> None:
+    attacked_text = CLEAN.replace(" ", " \u200b")
+    assert [v.text for v in text_variants(attacked_text)] == [CLEAN]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["zero-width-50", "homoglyph-5", "homoglyph-20", "homoglyph-100", "fullwidth-20", "fullwidth-100"]
+    + ["respace", "line-ends", "unicode-nfd", "reflow-60", "case-upper", "case-title"],
+)
+def test_each_character_attack_gets_one_reading_that_is_the_answer(name: str) -> None:
+    """One reading (no correction), and it is the answer itself: the attacks leave marks, or
+    re-wrap or recase in a way the text shows."""
+    answer = ANSWER
+    if name.startswith("case"):
+        answer = answer.replace("- first", "First").replace("- second", "Second")  # no list marks
+    text = attacked(name, answer, seed=3, doc="answer")
+    assert text != answer
+    readings = reading_texts(text)
+    assert len(readings) == 1, name
+    if name == "line-ends":  # a blank line's added space is kept: normalisation keeps indentation
+        assert readings[0].replace("\n \n", "\n\n") == answer
+    elif not name.startswith("case"):
+        assert readings[0] == answer, name
+    else:
+        # sentence case restores every word but those capitalised inside a sentence
+        got, want = readings[0].split(), answer.split()
+        assert len(got) == len(want) and sum(a != b for a, b in zip(got, want, strict=True)) == 0
+
+
+def test_doubled_spaces_alone_are_read_both_ways() -> None:
+    """A model writes two spaces too (aligned comments): without a mark, both readings."""
+    code = "x = 1  # one\ny = 2  # two\n"
+    assert [v.text for v in text_variants(code)] == [code, "x = 1 # one\ny = 2 # two\n"]
+
+
+def test_emoji_sequences_and_foreign_words_are_not_edit_marks() -> None:
+    assert not edit_marks("We met \U0001f469\u200d\U0001f4bb and \u2764\ufe0f it, merci \u00e0 tous.")
+    assert not edit_marks("Moscow is \u041c\u043e\u0441\u043a\u0432\u0430; \u03b1-helix; \u4e2d\u6587\u3002")
+    assert edit_marks("the riv\u0435r")  # a Cyrillic "e" inside a Latin word
+    assert edit_marks("zero\u200bwidth")
+    assert edit_marks("a\u00a0b") and edit_marks("\uff52iver") and edit_marks("line\r\n")
+
+
+@pytest.mark.parametrize("width", [40, 60, 72, 80])
+def test_a_hard_wrapped_answer_is_unwrapped(width: int) -> None:
+    wrapped = "\n".join("\n".join(textwrap.wrap(p, width)) if p else p for p in ANSWER.split("\n"))
+    assert wrapped != ANSWER
+    assert unwrap(wrapped) == ANSWER
+    assert reading_texts(wrapped) == [ANSWER]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ANSWER,
+        "def f(x):\n    return x\n\nprint(f(1))\nprint(f(2))\nprint(f(3))\n",
+        "Roses are red,\nviolets are blue,\nsugar is sweet,\nand so are you.",
+        "- one\n- two\n- three\n- four\n- five",
+    ],
+)
+def test_text_that_was_not_wrapped_is_left_alone(text: str) -> None:
+    assert unwrap(text) is None
+
+
+@pytest.mark.parametrize("recase", [str.upper, str.lower, str.title])
+def test_text_in_one_case_throughout_is_read_in_sentence_case(recase: object) -> None:
+    prose = "The river floods in spring. Farmers plant after the water recedes. I think it helps."
+    assert callable(recase)
+    assert [v.text for v in text_variants(recase(prose))] == [prose]
+
+
+def test_mixed_case_prose_gets_no_sentence_case_reading() -> None:
+    prose = "Paris is in France. The Seine runs through it. Many people visit each year."
+    assert len(text_variants(prose)) == 1
+
+
+def test_lower_case_code_gets_no_sentence_case_reading() -> None:
+    code = "def total(items):\n    return sum(item.price for item in items)\n\nprint(total(cart))\n"
+    assert [v.text for v in text_variants(code)] == [code]
+
+
+def test_readings_map_every_character_back_to_the_submitted_text() -> None:
+    text = attacked("zero-width-100", ANSWER, seed=1, doc="d").upper()
+    (reading,) = text_variants(text)
+    assert len(reading.starts) == len(reading.text)
+    for i, ch in enumerate(reading.text):
+        source = text[reading.starts[i] : reading.ends[i]]
+        assert source.lower().replace("\u200b", "") == ch.lower(), (i, ch, source)
+
+
+def test_reading_texts_are_the_texts_of_the_readings() -> None:
+    rng = np.random.default_rng(8)
+    alphabet = list("ab. \t\n\r\x0b\x1fI\u00e9\u200b\u0430")
+    samples = ["".join(rng.choice(alphabet, size=int(rng.integers(1, 30)))) for _ in range(2000)]
+    samples += [CLEAN, CLEAN.upper(), CLEAN.replace(" ", "  "), "THE RIVER. IT FLOODS. I SEE IT NOW."]
+    samples += ["\n".join(textwrap.wrap(PARAGRAPH, 50)), "\n".join(textwrap.wrap(PARAGRAPH, 50)).upper()]
+    for text in samples:
+        assert reading_texts(text) == [v.text for v in text_variants(text)], repr(text)
+
+
+def test_the_title_case_bound_never_rules_out_title_case_text() -> None:
+    """_may_be_title may only say False where the words are not 90% capitalised; texts near
+    the threshold (85-95% capitalised words, some non-ASCII) exercise both answers."""
+    import re
+
+    from wmark.detector.readings import _may_be_title
+
+    rng = np.random.default_rng(10)
+    vocab = ["river", "Flood", "\u00e9t\u00e9", "\u00c9t\u00e9", "x1y", "_a", "it's", "B", "c"]
+    answers = set()
+    for _ in range(3000):
+        words = [vocab[int(i)] for i in rng.integers(0, len(vocab), size=int(rng.integers(5, 60)))]
+        share = rng.uniform(0.85, 0.95)
+        words = [w[:1].upper() + w[1:] if rng.random() < share else w for w in words]
+        text = " ".join(words)
+        found = re.findall(r"[^\W\d_]+", text)
+        title = sum(w[0].isupper() for w in found) >= 0.9 * len(found)
+        answers.add(_may_be_title(text))
+        assert _may_be_title(text) or not title, text
+    assert answers == {True, False}
+
+
+
+
+def test_sentence_case_capitalises_markdown_sentence_starts() -> None:
+    answer = (
+        "Sleep helps in three ways:\n\n1. **Rebuilding cells:** When we sleep, cells mend.\n"
+        '- **Memory:** The brain files the day. "It works," she said. Then it ends.\n'
+        "### Why it matters\n> Rest is repair."
+    )
+    assert [v.text for v in text_variants(answer.upper())] == [answer]
+    assert [v.text for v in text_variants(answer.lower())] == [answer]
