@@ -6,7 +6,7 @@ For the human corpus (`system_corpus`) and, for the first `--attacked` of its do
 character-level attack of `wmark.eval.attacks` (zero-width, homoglyphs, fullwidth, spacing, line
 ends, Unicode forms, case), it compares `Detector.detect_many` (readings spliced where the
 tokenizer allows: `wmark.detector.splice`) with the reference: each text of `reading_texts`
-tokenised in full, the same Bonferroni rule over the distinct readings. Token IDs of every
+tokenised in full, the same Bonferroni rule over the distinct readings (ends case and re-wrapping included). Token IDs of every
 reading and every key's log p-value must be equal (not close): exits 1 on the first difference.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import Detector, TextTokenizer
-from wmark.detector.normalize import reading_texts
+from wmark.detector.readings import reading_texts
 from wmark.eval.attacks import ATTACKS
 from wmark.eval.corpus import system_corpus
 from wmark.generator.embedded import embedded_tokenizer_json

@@ -47,6 +47,12 @@ _CASE_CLASSES = bytes(
     ord("a") if 0x61 <= b <= 0x7A else ord("A") if 0x41 <= b <= 0x5A or b >= 0x80 else ord(" ")
     for b in range(256)
 )
+# a fenced code block: the opening fence (group 1), its info string (2), the code (3), the
+# closing fence (4: consumed, so that it does not open another block)
+_CODE_BLOCK = re.compile(r"^([ \t]*```)([^\n]*\n)(.*?)(^[ \t]*```|\Z)", re.M | re.S)
+_PYTHON_TAGS = frozenset({"", "py", "python", "python3"})
+_COMMENT_START = re.compile(r"(#+[ \t]*|\"\"\"|\'\'\'|//[ \t]*)([a-z])")
+_PY_CONSTANTS = re.compile(r"\b(?:true|false|none)\b")
 _ASCII_MARKS = re.compile(r"[\r\x0b\x0c\x1c-\x1e]")  # line breaks other than LF
 # compatibility spaces and line breaks, fullwidth letters and digits, mathematical alphanumerics
 _COMPAT_MARKS = re.compile(
@@ -67,8 +73,10 @@ def sentence_case(text: str) -> str | None:
 
     Generated prose is lower case with capitals at sentence starts; a text whose letters are
     all upper case, all lower case, or whose words all start with a capital (title case) was
-    most likely recased, and this reading recovers most of its tokens. The reading has the
-    text's length, character for character, so the text's character map serves it too.
+    most likely recased, and this reading recovers most of its tokens. Fenced code blocks
+    (```) are read as code: lower case but for comment and docstring starts and, in Python,
+    True/False/None. The reading has the text's length, character for character, so the
+    text's character map serves it too.
     """
     all_upper = text.isupper()  # str methods: every cased character, at C speed
     # lower case throughout is also how code and identifiers look: only prose, whose sentences
@@ -85,8 +93,28 @@ def sentence_case(text: str) -> str | None:
     lowered = text.lower()
     if len(lowered) != len(text):
         return None  # a case mapping that changes length ("İ"): no character map, no reading
-    recased = _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2) + m.group(3).upper(), lowered)
+    out, done = [], 0
+    for block in _CODE_BLOCK.finditer(lowered):
+        out.append(_prose_case(lowered[done : block.start(3)]))
+        out.append(_code_case(block.group(3), python=block.group(2).strip() in _PYTHON_TAGS))
+        done = block.end(3)
+    out.append(_prose_case(lowered[done:]))
+    return "".join(out)
+
+
+def _prose_case(text: str) -> str:
+    recased = _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2) + m.group(3).upper(), text)
     return _LONE_I.sub("I", recased)
+
+
+def _code_case(code: str, *, python: bool) -> str:
+    """Lower-case code as its author wrote it, where convention says: keywords and names stay
+    lower case, comments and docstrings start with a capital, Python's constants are
+    capitalised."""
+    code = _COMMENT_START.sub(lambda m: m.group(1) + m.group(2).upper(), code)
+    if python:
+        code = _PY_CONSTANTS.sub(lambda m: m.group().capitalize(), code)
+    return code
 
 
 def _may_be_title(text: str) -> bool:

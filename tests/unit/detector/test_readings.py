@@ -157,3 +157,14 @@ def test_sentence_case_capitalises_markdown_sentence_starts() -> None:
     )
     assert [v.text for v in text_variants(answer.upper())] == [answer]
     assert [v.text for v in text_variants(answer.lower())] == [answer]
+
+
+def test_sentence_case_reads_fenced_code_as_code() -> None:
+    answer = (
+        "Here is the function.\n\n```python\ndef first(items):\n"
+        '    """Return the first item, or None."""\n'
+        "    for i in items:\n        return i  # Found one\n    return None\n```\n\n"
+        "It stops at the first item. If the list is empty, it returns nothing."
+    )
+    # two readings: the comment's two spaces may be the model's (no edit mark says otherwise)
+    assert [v.text for v in text_variants(answer.upper())] == [answer, answer.replace("  #", " #")]
