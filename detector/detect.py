@@ -316,7 +316,8 @@ class Detector:
             tok = self.tokenizer(sha)
             encodings: list[Encoding] = []
             if with_offsets:
-                for variant in text_variants(text) if normalizing else [NormalizedText.identity(text)]:
+                variants = text_variants(text, tok.case_forms) if normalizing else None
+                for variant in variants or [NormalizedText.identity(text)]:
                     ids, offsets = tok.encode_with_offsets(variant.text)
                     encodings.append(Encoding(ids, variant.map_offsets(offsets)))
             elif normalizing:
@@ -465,7 +466,7 @@ def reading_ids(
     """
     tables = tok.splice_tables
     if tables is None:
-        variants = [reading_texts(t) for t in texts]
+        variants = [reading_texts(t, tok.case_forms) for t in texts]
         todo = [(i, j, v) for i, vs in enumerate(variants) for j, v in enumerate(vs) if v != texts[i]]
         flat = tok.encode_batch([v for _, _, v in todo])
         out = [[ids[i]] * len(vs) for i, vs in enumerate(variants)]
@@ -484,7 +485,7 @@ def reading_ids(
         row = []
         for j, (text, own) in enumerate(readings):
             row.append(own)
-            reading = restored(text)
+            reading = restored(text, tok.case_forms)
             if reading != text:
                 redo.append((i, j, reading))
         out.append(row)

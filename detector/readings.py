@@ -27,10 +27,19 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable, Mapping
 
 from wmark.detector.normalize import NormalizedText, canonical_text, confusable_folds, is_invisible, normalize
 
-__all__ = ["edit_marks", "reading_texts", "restored", "sentence_case", "text_variants", "unwrap"]
+__all__ = [
+    "case_forms",
+    "edit_marks",
+    "reading_texts",
+    "restored",
+    "sentence_case",
+    "text_variants",
+    "unwrap",
+]
 
 # A sentence starts after the text's start, a full stop (and closing quotes or emphasis) and
 # space, a Markdown label ("**Label:** text") or a line break; Markdown list marks, numbers,
@@ -64,19 +73,25 @@ _NON_ASCII_WORD = re.compile(r"[^\W\d_]*[^\x00-\x7f\W\d_][^\W\d_]*")
 _ASCII_LETTER = re.compile(r"[A-Za-z]")
 # joiners and selectors that belong to emoji sequences (ZWJ, text/emoji presentation, tags)
 _EMOJI_GLUE = frozenset("\u200d\ufe0e\ufe0f") | frozenset(map(chr, range(0xE0020, 0xE0080)))
+_SPACED_WORD = re.compile(r"(?<= )[a-z]{2,}\b")  # a lower-case word after a space, mid-line
+_WORD_TOKEN = re.compile(r"(?:\u0120|\u2581)([A-Za-z]{2,})")  # byte-level "Ġ" / SentencePiece "▁"
 _WRAP_WIDTHS = (30, 100)  # hard wraps are at 40-80 columns (e-mail 72, terminals 80)
 _MIN_WRAPS = 3
 
 
-def sentence_case(text: str) -> str | None:
+Forms = Callable[[], Mapping[str, str]]  # a tokenizer's `case_forms` table, built when first needed
+
+
+def sentence_case(text: str, forms: Forms | None = None) -> str | None:
     """A sentence-case reading of a text written in one case throughout, else None.
 
     Generated prose is lower case with capitals at sentence starts; a text whose letters are
     all upper case, all lower case, or whose words all start with a capital (title case) was
     most likely recased, and this reading recovers most of its tokens. Fenced code blocks
     (```) are read as code: lower case but for comment and docstring starts and, in Python,
-    True/False/None. The reading has the text's length, character for character, so the
-    text's character map serves it too.
+    True/False/None. With `forms` (gives `case_forms` of the tokenizer's vocabulary), a word after
+    a space takes the casing the tokenizer says it usually has ("texas" -> "Texas"). The reading
+    has the text's length, character for character, so the text's character map serves it too.
     """
     all_upper = text.isupper()  # str methods: every cased character, at C speed
     # lower case throughout is also how code and identifiers look: only prose, whose sentences
@@ -93,18 +108,49 @@ def sentence_case(text: str) -> str | None:
     lowered = text.lower()
     if len(lowered) != len(text):
         return None  # a case mapping that changes length ("İ"): no character map, no reading
+    table = forms() if forms is not None else {}
     out, done = [], 0
     for block in _CODE_BLOCK.finditer(lowered):
-        out.append(_prose_case(lowered[done : block.start(3)]))
+        out.append(_prose_case(lowered[done : block.start(3)], table))
         out.append(_code_case(block.group(3), python=block.group(2).strip() in _PYTHON_TAGS))
         done = block.end(3)
-    out.append(_prose_case(lowered[done:]))
+    out.append(_prose_case(lowered[done:], table))
     return "".join(out)
 
 
-def _prose_case(text: str) -> str:
+def _prose_case(text: str, forms: Mapping[str, str]) -> str:
     recased = _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2) + m.group(3).upper(), text)
+    if forms:
+        recased = _SPACED_WORD.sub(lambda m: forms.get(m.group(), m.group()), recased)
     return _LONE_I.sub("I", recased)
+
+
+def case_forms(vocab: Mapping[str, int]) -> dict[str, str]:
+    """Lower-case word -> the casing a tokenizer's vocabulary says it is usually written in.
+
+    A BPE vocabulary's IDs follow its merges, most frequent first, so of the tokens " texas",
+    " Texas" and " TEXAS" the one with the smallest ID is the form the tokenizer's training
+    text used most. A word is listed when that form is not lower case and its ID is less than
+    half the lower-case form's (or there is none): proper nouns and acronyms ("Texas" 8257,
+    "texas" 59248 in Qwen2's vocabulary), not words that merely start many sentences
+    ("However" 4354, "however" 4764). Tokens are read in the byte-level ("Ġword") and
+    SentencePiece ("▁word") spellings of a word after a space; a vocabulary with neither gives
+    an empty table.
+    """
+    ids: dict[str, dict[str, int]] = {}  # lower-case word -> its casings' token IDs
+    for token, token_id in vocab.items():
+        match = _WORD_TOKEN.fullmatch(token)
+        if match is None:
+            continue
+        word = match.group(1)
+        if word in (word.lower(), word.capitalize(), word.upper()):  # not "iPhone", "McDonald"
+            ids.setdefault(word.lower(), {})[word] = token_id
+    out = {}
+    for lower, casings in ids.items():
+        usual = min(casings, key=casings.__getitem__)
+        if usual != lower and (lower not in casings or 2 * casings[usual] < casings[lower]):
+            out[lower] = usual
+    return out
 
 
 def _code_case(code: str, *, python: bool) -> str:
@@ -197,38 +243,39 @@ def unwrap(text: str) -> str | None:
     return "".join(chars)
 
 
-def restored(text: str) -> str:
+def restored(text: str, forms: Forms | None = None) -> str:
     """A reading's text unwrapped and recased where the text shows it was (same length)."""
     unwrapped = unwrap(text)
     text = text if unwrapped is None else unwrapped
-    recased = sentence_case(text)
+    recased = sentence_case(text, forms)
     return text if recased is None else recased
 
 
-def reading_texts(text: str) -> list[str]:
-    """The texts of `text_variants(text)`, without character maps (what detection without
-    offsets needs; ASCII text at C speed)."""
+def reading_texts(text: str, forms: Forms | None = None) -> list[str]:
+    """The texts of `text_variants(text, forms)`, without character maps (what detection
+    without offsets needs; ASCII text at C speed)."""
     canonical = canonical_text(text)
     bases = [canonical] if edit_marks(text) else [text, canonical]
     out: list[str] = []
     for base in bases:
-        reading = restored(base)
+        reading = restored(base, forms)
         if reading not in out:
             out.append(reading)
     return out
 
 
-def text_variants(text: str) -> list[NormalizedText]:
+def text_variants(text: str, forms: Forms | None = None) -> list[NormalizedText]:
     """The readings of `text` the detector tests, each mapped to the submitted characters.
 
     One reading unless the text has no edit mark and normalisation still changes it; then the
-    text as submitted first and its canonical form second (see the module docstring).
+    text as submitted first and its canonical form second (see the module docstring). `forms`:
+    the tokenizer's usual casings for the sentence-case reading (`case_forms`).
     """
     canonical = normalize(text)
     bases = [canonical] if edit_marks(text) else [NormalizedText.identity(text), canonical]
     out: list[NormalizedText] = []
     for base in bases:
-        reading = restored(base.text)
+        reading = restored(base.text, forms)
         if all(reading != seen.text for seen in out):
             out.append(NormalizedText(reading, base.starts, base.ends, base.original_length))
     return out

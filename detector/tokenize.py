@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
+from wmark.detector.readings import case_forms
 from wmark.detector.splice import SpliceTables
 from wmark.errors import TokenizerError
 from wmark.spec import TokenizerRef
@@ -41,12 +42,21 @@ class TextTokenizer:
         self.sha256 = hashlib.sha256(json_bytes).hexdigest()
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self._json = json_bytes
+        self._case_forms: dict[str, str] | None = None
 
     @functools.cached_property
     def splice_tables(self) -> SpliceTables | None:
         """What splicing a canonical reading's tokens needs (`wmark.detector.splice`), or None
         for a tokenizer whose tokens cannot be spliced (built on first use)."""
         return SpliceTables.from_json(self._json)
+
+    def case_forms(self) -> dict[str, str]:
+        """Lower-case word -> its usual casing in this tokenizer's vocabulary, for sentence-case
+        readings (`wmark.detector.readings.case_forms`; built on first call, ~0.5 s, so only
+        when some text needs a sentence-case reading; a race builds it twice, harmlessly)."""
+        if self._case_forms is None:
+            self._case_forms = case_forms(self._tok.get_vocab(with_added_tokens=False))
+        return self._case_forms
 
     @property
     def ref(self) -> TokenizerRef:

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from wmark.detector.readings import edit_marks, reading_texts, text_variants, unwrap
+from wmark.detector.readings import edit_marks, reading_texts, sentence_case, text_variants, unwrap
 from wmark.eval.attacks import attacked
 
 CLEAN = "The river floods in spring.\nFarmers plant after the water recedes.\n    indented line"
@@ -168,3 +168,25 @@ def test_sentence_case_reads_fenced_code_as_code() -> None:
     )
     # two readings: the comment's two spaces may be the model's (no edit mark says otherwise)
     assert [v.text for v in text_variants(answer.upper())] == [answer, answer.replace("  #", " #")]
+
+
+def test_case_forms_list_words_a_vocabulary_writes_capitalised() -> None:
+    from wmark.detector.readings import case_forms
+
+    vocab = {
+        "\u0120the": 10, "\u0120The": 20,  # lower case first: not listed
+        "\u0120Texas": 100, "\u0120texas": 900,  # capitalised far earlier: listed
+        "\u0120However": 40, "\u0120however": 50,  # starts sentences, but common lower case too
+        "\u0120NASA": 300,  # no lower-case token at all
+        "\u2581Paris": 70, "\u0120iPhone": 5, "Texan": 1,  # SentencePiece; odd casing; no space
+    }
+    assert case_forms(vocab) == {"texas": "Texas", "nasa": "NASA", "paris": "Paris"}
+
+
+def test_sentence_case_takes_the_tokenizers_usual_casing_after_a_space() -> None:
+    prose = "We flew from Texas to NASA in July. The trip, however, was long. Then we rested."
+    forms = {"texas": "Texas", "nasa": "NASA", "july": "July"}
+    assert [v.text for v in text_variants(prose.upper(), lambda: forms)] == [prose]
+    assert sentence_case(prose.upper()) == prose.replace("Texas", "texas").replace("NASA", "nasa").replace(
+        "July", "july"
+    )
