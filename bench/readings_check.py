@@ -6,8 +6,9 @@ For the human corpus (`system_corpus`) and, for the first `--attacked` of its do
 character-level attack of `wmark.eval.attacks` (zero-width, homoglyphs, fullwidth, spacing, line
 ends, Unicode forms, case), it compares `Detector.detect_many` (readings spliced where the
 tokenizer allows: `wmark.detector.splice`) with the reference: each text of `reading_texts`
-tokenised in full, the same Bonferroni rule over the distinct readings (ends case and re-wrapping included). Token IDs of every
-reading and every key's log p-value must be equal (not close): exits 1 on the first difference.
+tokenised in full (unwrapped and recased readings included), the same Bonferroni rule over the
+distinct readings. Token IDs of every reading and every key's log p-value must be equal (not
+close): exits 1 on the first difference.
 """
 
 from __future__ import annotations
