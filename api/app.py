@@ -20,6 +20,7 @@ from wmark.api import access_log, audit_routes, detect_routes, health_routes, ke
 from wmark.api.deps import Service
 from wmark.api.detectors import DetectorCache
 from wmark.api.errors import install_error_handlers
+from wmark.api.fast_detect import ServiceApp
 from wmark.api.generate_settings import GenerationSettings
 from wmark.api.limits import BodyLimitMiddleware
 from wmark.api.metrics import Metrics, MetricsMiddleware
@@ -98,7 +99,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
             if orphan_watch is not None:
                 orphan_watch.set()
 
-    app = FastAPI(
+    app = ServiceApp(
         title="wmark detection service",
         version=__version__,
         description=_DESCRIPTION,

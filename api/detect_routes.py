@@ -26,7 +26,7 @@ from wmark.detector import Detection, Detector
 from wmark.keys.audit import AuditEntry, detection_entry, text_digest
 from wmark.keys.tokens import TokenInfo, TokenRejected, TokenStore
 
-__all__ = ["router"]
+__all__ = ["detect_all", "router"]
 
 router = APIRouter(tags=["detect"], responses=documented(*AUTHENTICATED, 404, 409))
 
@@ -92,7 +92,7 @@ def _entry(actor: str, item: DetectItem, detector: Detector, answer: dict[str, A
 _ATTEMPTS = 3  # detections per request when keys keep changing under it (then 409 keys_changed)
 
 
-def _detect_all(
+def detect_all(
     service: Service,
     request: Request,
     token: TokenInfo,
@@ -156,7 +156,7 @@ async def detect(
     """
     answers = await service.in_thread(
         partial(
-            _detect_all,
+            detect_all,
             service,
             request,
             token,
@@ -181,7 +181,7 @@ async def detect_batch(
     """Detect every item with the same keys and alpha; one audit row per item, in order."""
     results = await service.in_thread(
         partial(
-            _detect_all,
+            detect_all,
             service,
             request,
             token,

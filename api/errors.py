@@ -8,7 +8,7 @@ wrong roles 403, an unreachable database 503. The user's input is never echoed i
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,6 +30,7 @@ __all__ = [
     "TextTooLong",
     "documented",
     "error_response",
+    "exception_response",
     "install_error_handlers",
 ]
 
@@ -166,10 +167,24 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "internal_error", "internal error (logged on the server)")
 
 
+_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[JSONResponse]]] = {
+    WmarkError: _wmark_error,
+    RequestValidationError: _validation_error,
+    StarletteHTTPException: _http_error,
+    OperationalError: _database_error,
+    Exception: _unexpected,
+}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that give every error the `{code, message}` shape."""
-    app.add_exception_handler(WmarkError, _wmark_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(OperationalError, _database_error)
-    app.add_exception_handler(Exception, _unexpected)
+    for kind, handler in _HANDLERS.items():
+        app.add_exception_handler(kind, handler)
+
+
+async def exception_response(request: Request, exc: Exception) -> JSONResponse:
+    """The answer the app's handlers give for `exc`, for code that runs outside the app's
+    exception middleware (the detection fast path, `api.fast_detect`): the handler of the
+    nearest class in its MRO, as Starlette looks it up."""
+    handler = next(_HANDLERS[kind] for kind in type(exc).__mro__ if kind in _HANDLERS)  # Exception at last
+    return await handler(request, exc)

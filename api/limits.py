@@ -11,11 +11,12 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodyLimitMiddleware", "RateLimiter"]
+__all__ = ["DISCONNECTED", "BodyLimitMiddleware", "RateLimiter", "read_body"]
 
 
 class RateLimiter:
@@ -70,32 +71,8 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers", ())).get(b"content-length")
-        if declared is not None and not declared.isdigit():
-            await _answer(send, 400, "bad_request", "Content-Length is not a number")
-            return
-        if declared is not None and int(declared) > self.max_bytes:
-            await _answer(send, 413, "body_too_large", f"request body is over {self.max_bytes} bytes")
-            return
-        chunks: list[bytes] = []
-        size = 0
-        with anyio.move_on_after(self.read_timeout) as timer:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                body = message.get("body", b"")
-                size += len(body)
-                if size > self.max_bytes:
-                    await _answer(send, 413, "body_too_large", f"request body is over {self.max_bytes} bytes")
-                    return
-                chunks.append(body)
-                if not message.get("more_body", False):
-                    break
-        if timer.cancelled_caught:
-            await _answer(
-                send, 408, "request_timeout", f"the body did not arrive within {self.read_timeout:g} s"
-            )
+        body = await read_body(scope, receive, send, self.max_bytes, self.read_timeout)
+        if isinstance(body, int):
             return
         replayed = False
 
@@ -103,13 +80,62 @@ class BodyLimitMiddleware:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
 
 
-async def _answer(send: Send, status: int, code: str, message: str) -> None:
+DISCONNECTED = 499  # what `read_body` returns for a client gone mid-body (nginx's "client closed request")
+
+
+async def read_body(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    max_bytes: int,
+    read_timeout: float,
+    extra_headers: Sequence[tuple[bytes, bytes]] = (),
+) -> bytes | int:
+    """The request body, or the status already answered (400, 413, 408; `DISCONNECTED` when the
+    client left and nothing was answered): the checks of `BodyLimitMiddleware`, shared with the
+    detection fast path (`api.fast_detect`), which reads the body before the app does and adds
+    `extra_headers` to its answers (the middlewares' headers that it stands in for)."""
+    declared = dict(scope.get("headers", ())).get(b"content-length")
+    if declared is not None and not declared.isdigit():
+        await _answer(send, 400, "bad_request", "Content-Length is not a number", extra_headers)
+        return 400
+    if declared is not None and int(declared) > max_bytes:
+        await _answer(send, 413, "body_too_large", f"request body is over {max_bytes} bytes", extra_headers)
+        return 413
+    chunks: list[bytes] = []
+    size = 0
+    with anyio.move_on_after(read_timeout) as timer:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return DISCONNECTED
+            body = message.get("body", b"")
+            size += len(body)
+            if size > max_bytes:
+                await _answer(
+                    send, 413, "body_too_large", f"request body is over {max_bytes} bytes", extra_headers
+                )
+                return 413
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+    if timer.cancelled_caught:
+        await _answer(
+            send, 408, "request_timeout", f"the body did not arrive within {read_timeout:g} s", extra_headers
+        )
+        return 408
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _answer(
+    send: Send, status: int, code: str, message: str, extra_headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
     """An error in the service's JSON shape, before the app ran; the connection is closed after it."""
     body = json.dumps({"code": code, "message": message}).encode()
     await send(
@@ -120,6 +146,7 @@ async def _answer(send: Send, status: int, code: str, message: str) -> None:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
+                *extra_headers,
             ],
         }
     )
