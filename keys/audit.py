@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Engine, Table, insert, select
+from sqlalchemy import Engine, Table, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from wmark.errors import InputError, KeyRegistryError, WmarkError
@@ -54,6 +54,7 @@ GENESIS = "0" * 64  # prev_hash of the first row
 Precondition = Callable[[Session], None]  # see AuditLog.append
 _VERIFY_CHUNK = 1000
 _AUDIT_TABLE: Table = AuditEvent.__table__  # type: ignore[assignment]  # a Table, typed FromClause
+_HEAD_TABLE: Table = AuditHead.__table__  # type: ignore[assignment]
 
 
 class AuditLogCorrupt(KeyRegistryError):
@@ -77,7 +78,19 @@ def text_digest(text: str) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """JSON-safe copy: non-finite floats become strings (JSON has no inf/nan)."""
+    """JSON-safe copy: non-finite floats become strings (JSON has no inf/nan).
+
+    The exact built-in types are told apart by `type()` first: the ABC checks below cost ~10x
+    more, and a group commit copies every row about twice."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else str(value)
+    if kind is dict:
+        return {str(k): _plain(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_plain(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, Mapping):
@@ -348,21 +361,26 @@ def _row_hash(row: AuditEvent) -> str:
 _HEAD_MISSING = "the chain head (table audit_head) is missing"
 
 
-def _head(session: Session, *, for_update: bool = False) -> AuditHead:
-    """The chain head row, or `AuditLogCorrupt` when it was deleted."""
-    query = select(AuditHead).where(AuditHead.id == 1)
-    head = session.scalars(query.with_for_update() if for_update else query).one_or_none()
-    if head is None:
+def _head(session: Session, *, for_update: bool = False) -> tuple[int, str]:
+    """The chain head's (seq, row_hash), or `AuditLogCorrupt` when it was deleted.
+
+    Read (and written, by `_append_locked`) through SQLAlchemy Core: an ORM object for the head
+    cost a load and a unit-of-work flush, ~0.3 ms of CPU per group commit."""
+    query = select(_HEAD_TABLE.c.seq, _HEAD_TABLE.c.row_hash).where(_HEAD_TABLE.c.id == 1)
+    row = session.connection().execute(query.with_for_update() if for_update else query).one_or_none()
+    if row is None:
         raise AuditLogCorrupt(f"{_HEAD_MISSING}: run `wmark audit verify`")
-    return head
+    return int(row.seq), str(row.row_hash)
 
 
-def _append_locked(session: Session, head: AuditHead, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
+def _append_locked(
+    session: Session, head: tuple[int, str], entries: Sequence[AuditEntry]
+) -> list[AuditRecord]:
     """Append after `head` (locked by this transaction) and move the head to the last new row."""
     if not entries:
         return []
     out, rows = [], []
-    seq, prev_hash = head.seq, head.row_hash
+    seq, prev_hash = head
     for entry in entries:
         at = utcnow()
         key_ids = [str(k) for k in entry.key_ids]
@@ -395,9 +413,9 @@ def _append_locked(session: Session, head: AuditHead, entries: Sequence[AuditEnt
         rows.append({**record.to_dict(), "at": at, "key_ids": _dumps(key_ids), "result": result_json})
         out.append(record)
         prev_hash = row_hash
-    session.connection().execute(insert(_AUDIT_TABLE), rows)
-    head.seq, head.row_hash = seq, prev_hash
-    session.flush()
+    conn = session.connection()
+    conn.execute(insert(_AUDIT_TABLE), rows)
+    conn.execute(update(_HEAD_TABLE).where(_HEAD_TABLE.c.id == 1).values(seq=seq, row_hash=prev_hash))
     return out
 
 
@@ -516,7 +534,7 @@ class AuditLog:
     def count(self) -> int:
         """Rows in the log, per the chain head."""
         with self.sessions() as session:
-            return _head(session).seq
+            return _head(session)[0]
 
     def verify(self, *, anchor: tuple[int, str] | None = None) -> VerifyReport:
         """Replay the chain from the first row.
