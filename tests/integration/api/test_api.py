@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import anyio
+import fastapi.routing
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -618,3 +619,42 @@ def test_a_cached_token_is_refused_as_soon_as_it_is_revoked(api, monkeypatch):
     assert len(api.registry.audit.page(limit=100, action="detect")) == detected  # nothing answered
     failed = api.registry.audit.page(limit=2, action="auth_failed")
     assert [r.result["reason"] for r in failed] == ["revoked", "revoked"]
+
+
+def test_a_detection_with_a_cached_token_skips_the_framework_and_answers_as_it_does(api, monkeypatch):
+    body = {"text": "w1 w2 w3 w4", "alpha": 0.05, "source": "doc-1"}
+    first = api.call("POST", "/v1/detect", json=body)  # token not cached yet: FastAPI's route
+    solved = []
+    solve = fastapi.routing.solve_dependencies
+
+    async def counting(*args, **kwargs):
+        solved.append(1)
+        return await solve(*args, **kwargs)
+
+    monkeypatch.setattr(fastapi.routing, "solve_dependencies", counting)
+    second = api.call("POST", "/v1/detect", json=body)  # cached: answered by ServiceApp itself
+    assert solved == []
+    assert first.status_code == second.status_code == 200
+    assert first.headers.items() == second.headers.items()  # content-length, -type, nosniff
+    assert {**first.json(), "audit_seq": 0} == {**second.json(), "audit_seq": 0}
+    assert second.json()["audit_seq"] == first.json()["audit_seq"] + 1
+    metrics = api.call("GET", "/metrics", role="auditor").text
+    assert 'wmark_http_requests_total{method="POST",route="/v1/detect",status="200"} 2.0' in metrics
+    # what it does not admit goes to the app, body and all: an +json media type, a bad body
+    plus_json = api.call(
+        "POST", "/v1/detect", content=json.dumps(body), headers={"Content-Type": "application/vnd.x+json"}
+    )
+    assert plus_json.status_code == 200 and solved
+    routed = len(solved)
+    bad = api.call("POST", "/v1/detect", json={**body, "alpha": "0.05"})
+    assert bad.status_code == 422 and bad.json()["code"] == "validation_error" and len(solved) > routed
+
+
+def test_a_request_the_fast_path_hands_on_is_rate_limited_once(make_api):
+    api = make_api(rate_per_second=0.001, rate_burst=3)
+    assert api.call("POST", "/v1/detect", json={"text": "w1 w2"}).status_code == 200  # caches the token
+    assert api.call("POST", "/v1/detect", json={"text": 7}).status_code == 422  # handed on: one token
+    assert api.call("POST", "/v1/detect", json={"text": "w1 w2"}).status_code == 200  # the third
+    limited = api.call("POST", "/v1/detect", json={"text": "w1 w2"})
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    assert limited.headers["x-content-type-options"] == "nosniff"
