@@ -60,7 +60,15 @@ _CASE_CLASSES = bytes(
 # closing fence (4: consumed, so that it does not open another block)
 _CODE_BLOCK = re.compile(r"^([ \t]*```)([^\n]*\n)(.*?)(^[ \t]*```|\Z)", re.M | re.S)
 _PYTHON_TAGS = frozenset({"", "py", "python", "python3"})
-_COMMENT_START = re.compile(r"(#+[ \t]*|\"\"\"|\'\'\'|//[ \t]*)([a-z])")
+# a comment's first letter, or a docstring's: right after its quotes, or on the next line when
+# the quotes open the body of a def or class (a closing quote is followed by a line break)
+_COMMENT_START = re.compile(
+    r"(#+[ \t]*|//[ \t]*|:\n[ \t]*(?:\"\"\"|\'\'\')\s*|\"\"\"|\'\'\')([a-z])"
+)
+# the section headings of Google- and NumPy-style docstrings, alone on their line
+_DOC_SECTION = re.compile(
+    r"^([ \t]+)(args|arguments|returns|raises|yields|examples?|notes?|attributes|parameters)(?=:?\n)", re.M
+)
 _PY_CONSTANTS = re.compile(r"\b(?:true|false|none)\b")
 _ASCII_MARKS = re.compile(r"[\r\x0b\x0c\x1c-\x1e]")  # line breaks other than LF
 # compatibility spaces and line breaks, fullwidth letters and digits, mathematical alphanumerics
@@ -155,9 +163,10 @@ def case_forms(vocab: Mapping[str, int]) -> dict[str, str]:
 
 def _code_case(code: str, *, python: bool) -> str:
     """Lower-case code as its author wrote it, where convention says: keywords and names stay
-    lower case, comments and docstrings start with a capital, Python's constants are
-    capitalised."""
+    lower case, comments and docstrings start with a capital (and so do docstring section
+    headings such as "Args:"), Python's constants are capitalised."""
     code = _COMMENT_START.sub(lambda m: m.group(1) + m.group(2).upper(), code)
+    code = _DOC_SECTION.sub(lambda m: m.group(1) + m.group(2).capitalize(), code)
     if python:
         code = _PY_CONSTANTS.sub(lambda m: m.group().capitalize(), code)
     return code

@@ -162,7 +162,7 @@ def test_sentence_case_capitalises_markdown_sentence_starts() -> None:
 def test_sentence_case_reads_fenced_code_as_code() -> None:
     answer = (
         "Here is the function.\n\n```python\ndef first(items):\n"
-        '    """Return the first item, or None."""\n'
+        '    """Return the first item, or None.\n\n    Args:\n        items: any iterable.\n    """\n'
         "    for i in items:\n        return i  # Found one\n    return None\n```\n\n"
         "It stops at the first item. If the list is empty, it returns nothing."
     )
@@ -190,3 +190,11 @@ def test_sentence_case_takes_the_tokenizers_usual_casing_after_a_space() -> None
     assert sentence_case(prose.upper()) == prose.replace("Texas", "texas").replace("NASA", "nasa").replace(
         "July", "july"
     )
+
+
+def test_a_docstring_opened_on_its_own_line_starts_with_a_capital() -> None:
+    answer = (
+        "The class is short. It keeps one value.\n\n```python\nclass Box:\n"
+        '    """\n    Hold one value.\n    """\n\n    value = None\n```\n'
+    )
+    assert [v.text for v in text_variants(answer.upper())] == [answer]

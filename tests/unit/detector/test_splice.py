@@ -97,7 +97,7 @@ def test_the_detector_reads_the_same_token_ids_as_full_tokenisation(bpe: TextTok
     texts += ["THE RIVER\u200b FLOODS. IT RISES. I SEE IT NOW.\n"]
     for text, enc in zip(texts, detector.encode_many(texts), strict=True):
         want: list[np.ndarray] = []
-        for reading in reading_texts(text):
+        for reading in reading_texts(text, bpe.case_forms):
             ids = bpe.encode(reading)
             if all(not np.array_equal(ids, seen) for seen in want):
                 want.append(ids)
