@@ -194,7 +194,7 @@ def test_sentence_case_takes_the_tokenizers_usual_casing_after_a_space() -> None
 
 def test_a_docstring_opened_on_its_own_line_starts_with_a_capital() -> None:
     answer = (
-        "The class is short. It keeps one value.\n\n```python\nclass Box:\n"
-        '    """\n    Hold one value.\n    """\n\n    value = None\n```\n'
+        "The function is short. It keeps one value.\n\n```python\ndef keep(value):\n"
+        '    """\n    Hold one value.\n    """\n\n    return value or None\n```\n'
     )
     assert [v.text for v in text_variants(answer.upper())] == [answer]
