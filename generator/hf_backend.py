@@ -25,7 +25,13 @@ from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 from wmark.errors import BackendError
 from wmark.generator.backend import NodeTable
 from wmark.generator.fused import fuse_projections
-from wmark.generator.rowwise import ATTENTION_NAME, convert_linears, rowwise_attention, stock_attention
+from wmark.generator.rowwise import (
+    ATTENTION_NAME,
+    convert_linears,
+    draft_kernels,
+    rowwise_attention,
+    stock_attention,
+)
 
 __all__ = ["PRECISIONS", "HFModel", "HFSession", "prepare_model"]
 
@@ -82,7 +88,7 @@ class HFSession:
         causal = torch.ones(len(head), len(head), dtype=torch.bool).tril()
         dtype = self.lm.dtype
         mask = torch.zeros(causal.shape, dtype=dtype).masked_fill(~causal, torch.finfo(dtype).min)
-        with stock_attention():
+        with stock_attention() if self.lm.exact_attention else draft_kernels():
             self.lm.model(
                 input_ids=torch.tensor([head], device=self.lm.device),
                 attention_mask=mask[None, None].to(self.lm.device),
@@ -124,7 +130,7 @@ class HFSession:
         dtype = self.lm.dtype
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
         device = self.lm.device
-        with contextlib.nullcontext() if self.lm.exact_attention else stock_attention():
+        with contextlib.nullcontext() if self.lm.exact_attention else draft_kernels():
             out = self.lm.model(
                 input_ids=torch.tensor([inputs], device=device),
                 attention_mask=mask[None, None].to(device),
@@ -175,9 +181,10 @@ class HFModel:
             tokenizer are refused by `generate`.
 
     `exact_attention` (True): with the int8 precision, attention row by row (batch-invariant).
-    A drafter may set it False (`wmark.generator.draft_head.draft_only`): one stock SDPA call
-    per layer, cheaper, with rounding that depends on the block's shape, which a drafter can
-    afford since it only proposes.
+    A drafter may set it False (`wmark.generator.drafters.build_drafter` does): its forwards
+    then run `draft_kernels` (one stock SDPA call per layer, int8 layers with a per-tensor
+    activation scale), cheaper, with rounding that depends on the block's shape, which a
+    drafter can afford since it only proposes.
     """
 
     def __init__(

@@ -1,16 +1,19 @@
-"""Fused q/k/v and gate/up int8 projections give bit-identical logits (generator/fused.py), and a
-drafter on stock attention still leaves the text basic-uwm's."""
+"""Fused q/k/v and gate/up int8 projections give bit-identical logits (generator/fused.py), and an
+int8 drafter on the draft kernels (stock attention, dynamic int8) still leaves the text basic-uwm's."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 
 import torch
 
 import wmark.generator.hf_backend as hf_backend
+from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
+from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fused import FusedGroup, _Slice, fuse_projections
 from wmark.generator.hf_backend import HFModel, prepare_model
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.rowwise import RowInt8Linear, draft_kernels
 
 EOS = frozenset({0})
 PROMPT = [17, 42, 99, 3, 250, 7, 128, 64, 5, 17, 42, 99]
@@ -52,3 +55,46 @@ def test_group_recomputes_for_a_new_input():
     assert torch.equal(first(x), layers[0](x))
     assert torch.equal(second(y), layers[1](y))  # another input: not the cached result for x
     assert torch.equal(second(x), layers[1](x))
+
+
+def test_draft_kernels_quantise_the_whole_input_at_once():
+    gen = torch.Generator().manual_seed(1)
+    weight, scale = RowInt8Linear.quantize(torch.randn(24, 16, generator=gen))
+    layer = RowInt8Linear(weight, scale, torch.randn(24, generator=gen))
+    # Rows of very different magnitude: a per-row scale and one scale for all round them apart.
+    x = torch.randn(1, 3, 16, generator=gen) * torch.tensor([1.0, 30.0, 0.01])[None, :, None]
+    exact = layer(x)
+    with draft_kernels():
+        drafted = layer(x)
+    expected = torch.ops.quantized.linear_dynamic(x, layer._packed, True) + layer.bias
+    assert torch.equal(drafted, expected)
+    assert not torch.equal(drafted, exact)
+    assert torch.equal(layer(x), exact)  # outside the block: the batch-invariant kernel again
+
+
+def test_int8_drafter_on_draft_kernels_keeps_the_text(tiny_qwen):
+    base = tiny_qwen(3)
+    target = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu"), EOS)
+    # The drafter: the target's own weights with noise, so it drafts well but not perfectly.
+    noisy = copy.deepcopy(base)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in noisy.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * 0.02 * param.std())
+    drafter = HFModel(prepare_model(noisy, "int8", "cpu"), EOS)
+    drafter.exact_attention = False  # what build_drafter gives a draft model
+    spec = WatermarkSpec(tokenizer=TokenizerRef(name="tiny", sha256="1" * 64, vocab_size=256))
+    key = KeyMaterial(key_id="wk_tiny", secret=Secret(hashlib.sha256(b"tiny key").digest()), spec=spec)
+
+    def run(method: str, draft: HFModel | None):
+        config = SamplerConfig(method=method, max_new_tokens=40, lookahead=4)
+        return generate(target, PROMPT, config=config, key=key, drafter=draft, seed=5)
+
+    reference = run("basic-uwm", None)
+    out = run("mpfr", drafter)
+    assert out.token_ids == reference.token_ids
+    assert out.aatps > 1.0  # drafts were accepted: the drafter really proposed
+    drafted, _ = drafter.session(PROMPT).extend([], [])
+    drafter.exact_attention = True
+    exact, _ = drafter.session(PROMPT).extend([], [])
+    assert not torch.equal(drafted, exact)  # its forwards really ran the draft kernels
