@@ -29,7 +29,7 @@ from wmark.generator.drafters import build_drafter, drafter_model_source
 from wmark.generator.embedded import embedded_tokenizer_json
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.loading import load_pair, resolve_source
-from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE
+from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD
 
 PROMPTS = [
     "Explain like I'm five: why is the sky blue?",
@@ -55,11 +55,13 @@ SETTINGS = {
     "mpfr B=2 L=4": Setting("mpfr", 2, 4, "embedded", 0.0),
     "mpfr B=4 L=4": Setting("mpfr", 4, 4, "embedded", 0.0),
     "mpfr B=8 L=4": Setting("mpfr", 8, 4, "embedded", 0.0),
-    # `wmark generate`'s defaults: mpfr, drafter auto, SamplerConfig's B and L, the CLI's confidence
-    "default": Setting("mpfr", drafter="auto", confidence=DEFAULT_DRAFT_CONFIDENCE),
-    "default drafter=embedded": Setting("mpfr", drafter="embedded", confidence=DEFAULT_DRAFT_CONFIDENCE),
-    "default drafter=ngram": Setting("mpfr", drafter="ngram", confidence=DEFAULT_DRAFT_CONFIDENCE),
-    "default confidence=0": Setting("mpfr", drafter="auto", confidence=0.0),
+    # `wmark generate`'s defaults: mpfr, drafter auto, SamplerConfig's B, the CLI's L and confidence
+    "default": Setting("mpfr", None, DEFAULT_LOOKAHEAD, "auto", DEFAULT_DRAFT_CONFIDENCE),
+    "default drafter=embedded": Setting(
+        "mpfr", None, DEFAULT_LOOKAHEAD, "embedded", DEFAULT_DRAFT_CONFIDENCE
+    ),
+    "default drafter=ngram": Setting("mpfr", None, DEFAULT_LOOKAHEAD, "ngram", DEFAULT_DRAFT_CONFIDENCE),
+    "default confidence=0": Setting("mpfr", None, DEFAULT_LOOKAHEAD, "auto", 0.0),
 }
 CLASSIC = ["basic-uwm", "pfr L=4", "pfr-nowm L=4", "mpfr B=2 L=4", "mpfr B=4 L=4", "mpfr B=8 L=4"]
 

@@ -15,7 +15,7 @@ from wmark.cli.common import console, open_registry, print_json
 from wmark.cli.generate import load_with_status, run_generation
 from wmark.detector import Detector
 from wmark.generator.embedded import embedded_tokenizer_json
-from wmark.generator.names import AUTO, DEFAULT_DRAFT_CONFIDENCE, DRAFTER_HELP
+from wmark.generator.names import AUTO, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD, DRAFTER_HELP
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 
@@ -57,7 +57,10 @@ def demo(
         key = demo_key(registry)
         pair, draft = load_with_status("embedded", drafter, device, precision)
         config = SamplerConfig(
-            method="mpfr", max_new_tokens=max_new_tokens, draft_confidence=DEFAULT_DRAFT_CONFIDENCE
+            method="mpfr",
+            max_new_tokens=max_new_tokens,
+            lookahead=DEFAULT_LOOKAHEAD,
+            draft_confidence=DEFAULT_DRAFT_CONFIDENCE,
         )
         result = run_generation(pair, draft, pair.encode_prompt(prompt), config, key, seed, quiet=as_json)
         detector = Detector(registry.detection_keys([key.key_id]), registry.tokenizer_json)

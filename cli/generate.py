@@ -11,7 +11,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from wmark.cli.common import err_console, open_registry, print_json
 from wmark.errors import InputError
-from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DRAFTER_HELP, METHOD_NAMES
+from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD, DRAFTER_HELP, METHOD_NAMES
 from wmark.keymaterial import KeyMaterial
 
 if TYPE_CHECKING:  # torch and transformers load only when a command generates
@@ -84,7 +84,7 @@ def generate_cmd(
     key: Annotated[str | None, typer.Option(help="Key id (default: the only active key).")] = None,
     method: Annotated[str, typer.Option(help=f"Sampler: {', '.join(METHOD_NAMES)}.")] = "mpfr",
     drafts: Annotated[int | None, typer.Option(help="B, drafts per block (mpfr; default 2).")] = None,
-    lookahead: Annotated[int, typer.Option(help="L, draft depth per block.")] = 4,
+    lookahead: Annotated[int, typer.Option(help="L, draft depth per block.")] = DEFAULT_LOOKAHEAD,
     max_new_tokens: Annotated[int, typer.Option(help="Token budget (EOS counts).")] = 128,
     temperature: Annotated[float, typer.Option(help="Target temperature (> 0).")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Top-k on both models (0: off).")] = 50,
