@@ -180,3 +180,21 @@ def test_key_bound_to_another_tokenizer_is_refused(dirs):
     assert result.exit_code == 0
     result = _generate(dirs, "--raw", "w1 w2 w3")
     assert result.exit_code == 2 and "is bound to tokenizer" in result.stderr
+
+
+def test_cli_defaults_are_the_measured_dynamic_lookahead(dirs, monkeypatch):
+    """`wmark generate` drafts with the CPU-measured defaults (BENCHMARKS.md), not the library's 0 / L = 4."""
+    import wmark.generator.engine as engine
+
+    seen: list[engine.SamplerConfig] = []
+    real = engine.SamplerConfig
+
+    def recording(**kwargs):
+        seen.append(real(**kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(engine, "SamplerConfig", recording)
+    _key(dirs)
+    result = _generate(dirs, "--raw", "--max-new-tokens", "8", "--seed", "1", "w10 w11 w12")
+    assert result.exit_code == 0, result.output
+    assert (seen[0].draft_confidence, seen[0].lookahead) == (0.8, 6)
