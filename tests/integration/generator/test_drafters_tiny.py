@@ -9,6 +9,7 @@ import hashlib
 
 import numpy as np
 import pytest
+import torch
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.generator.draft_head import TruncatedHead, truncate_head
@@ -160,7 +161,9 @@ def test_truncated_head_never_proposes_a_dropped_token(tiny_trio):
     full_root, _ = base.session(PROMPT).extend([], [])
     cut_root, _ = cut.session(PROMPT).extend([], [])
     kept = [*range(100), 200, EOS]
-    assert bool((cut_root[kept] == full_root[kept]).all())  # same logits on the kept tokens
+    # same logits on the kept tokens, up to float32 rounding: a GEMM over fewer output rows may
+    # block (so sum) the hidden dimension differently; a few ulps of the logits' scale
+    assert torch.allclose(cut_root[kept], full_root[kept], rtol=1e-6, atol=1e-6)
     dropped = sorted(set(range(VOCAB)) - set(kept))
     assert bool(cut_root[dropped].isneginf().all())
 
