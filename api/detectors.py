@@ -114,12 +114,13 @@ class DetectorCache:
         self._subsets: dict[tuple[str, ...], Detector] = {}
 
     def warm(self) -> None:
-        """Build the default detector and parse its tokenizers now (at start-up, not on a request)."""
+        """Build the default detector, parse its tokenizers and build their splice tables now (at
+        start-up, not on a request: the tables take seconds on a busy machine)."""
         if not self.registry.key_state():
             return
         detector = self.get(refresh=True).detector
         for sha256 in {k.spec.tokenizer.sha256 for k in detector.keys}:
-            detector.tokenizer(sha256)
+            _ = detector.tokenizer(sha256).splice_tables
 
     def get(self, key_ids: Sequence[str] | None = None, *, refresh: bool = False) -> KeySet:
         """The detector for `key_ids` (default: every active and retired key), as of the key state

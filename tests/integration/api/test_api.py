@@ -289,6 +289,9 @@ def test_detector_is_built_at_start_up(registry_config, word_tokenizer_json):
     with TestClient(create_app(_settings(registry_config))) as client:
         cache = client.app.state.service.detectors
         assert cache.builds == 1  # before any request: no first-request latency spike
+        detector = cache.get().detector
+        tokenizer = detector.tokenizer(detector.keys[0].spec.tokenizer.sha256)
+        assert "splice_tables" in vars(tokenizer)  # built (None for this tokenizer), not on a request
         assert client.get("/metrics").status_code == 401
 
 
