@@ -222,9 +222,11 @@ def test_resuming_with_other_run_settings_is_refused(dirs, tmp_path):
 
 def test_attacks_write_rows_table_and_plot(dirs, tmp_path):
     """Each answer (cut to 8 and 16 tokens) under each attack: a zero-width space after every
-    space costs at most the Bonferroni factor of two readings, and the unwatermarked rows are
+    space costs nothing (the marks choose the canonical reading), and the unwatermarked rows are
     attacked too (their FPR column)."""
     import math
+
+    from wmark.detector.normalize import canonical_text
 
     out = tmp_path / "robust"
     attacks = "zero-width-100,homoglyph-100,delete-10,paste-50"
@@ -235,15 +237,19 @@ def test_attacks_write_rows_table_and_plot(dirs, tmp_path):
     # 2 prompts x 2 methods x 2 lengths x (none + 4 attacks)
     assert len(rows) == 2 * 2 * 2 * 5
     by = {(r["row_id"], r["tokens"], r["attack"]): r for r in rows}
+    exact = 0
     for (row_id, tokens, attack), r in by.items():
         if attack == "zero-width-100":
             clean = by[(row_id, tokens, "none")]
-            # the better of the two readings (as submitted, canonical = the clean text), times 2
-            best = min(r["raw_log_p"], clean["log_p"])
-            assert math.isclose(r["log_p"], min(0.0, best + math.log(2)), rel_tol=1e-9, abs_tol=1e-12)
             assert "\u200b" in r["text"]
+            if canonical_text(clean["text"]) == clean["text"]:
+                # the zero-width spaces are edit marks: the canonical reading alone, which is the
+                # clean text, so exactly its p-value (no Bonferroni factor)
+                assert math.isclose(r["log_p"], clean["log_p"], rel_tol=1e-9, abs_tol=1e-12)
+                exact += 1
         if attack == "paste-50":
             assert by[(row_id, tokens, "none")]["text"] in r["text"]
+    assert exact > 0
     assert {r["keyed"] for r in rows} == {True, False}
     table = (out / "attacks.md").read_text()
     for name in ("| none |", "| zero-width-100 | char |", "| delete-10 | word |", "| paste-50 | span |"):
