@@ -133,6 +133,25 @@ def detect_all(
     return answers
 
 
+async def detect_one(
+    service: Service, request: Request, token: TokenInfo, body: DetectRequest
+) -> dict[str, Any]:
+    """One request's detection, audited, in the service's threads (the route and its fast path)."""
+    answers = await service.in_thread(
+        partial(
+            detect_all,
+            service,
+            request,
+            token,
+            [body],
+            key_ids=body.key_ids,
+            alpha=body.alpha,
+            return_tokens=body.return_tokens,
+        )
+    )
+    return answers[0]
+
+
 def _json(value: Any) -> Response:
     """The answer as JSON, serialised once by orjson: the route's `response_model` documents the
     shape, which `Detection.to_dict()` already has, so FastAPI's validate-and-dump pass (~0.15 ms
@@ -154,19 +173,7 @@ async def detect(
     The verdict is "watermarked" when the Holm-adjusted p-value of some key is at most `alpha`.
     The text itself is never stored: the audit log keeps its SHA-256.
     """
-    answers = await service.in_thread(
-        partial(
-            detect_all,
-            service,
-            request,
-            token,
-            [body],
-            key_ids=body.key_ids,
-            alpha=body.alpha,
-            return_tokens=body.return_tokens,
-        )
-    )
-    return _json(answers[0])
+    return _json(await detect_one(service, request, token, body))
 
 
 @router.post(

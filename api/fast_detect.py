@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import json
 import time
-from functools import partial
 from typing import Any
 
 import orjson
 from fastapi import FastAPI
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from wmark.api.deps import Service
-from wmark.api.detect_routes import detect_all
+from wmark.api.detect_routes import detect_one
 from wmark.api.errors import RateLimited, exception_response
-from wmark.api.limits import DISCONNECTED, RateLimiter, read_body
+from wmark.api.limits import DISCONNECTED, RateLimiter, read_body, replaying
 from wmark.api.schemas import DetectRequest
 from wmark.keys.tokens import TokenInfo
 
@@ -65,16 +64,7 @@ class ServiceApp(FastAPI):
             return
         admitted = _admissible(service, scope, body)
         if admitted is None:
-            replayed = False
-
-            async def replay() -> Message:
-                nonlocal replayed
-                if not replayed:
-                    replayed = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
-
-            await super().__call__(scope, replay, send)
+            await super().__call__(scope, replaying(body, receive), send)
             return
         token, request = admitted
         status = 500  # as MetricsMiddleware labels a request that ended without an answer
@@ -125,23 +115,12 @@ async def _answer(service: Service, scope: Scope, send: Send, token: TokenInfo, 
         wait = service.limiter.acquire(token.token_id)
         if wait > 0:
             raise RateLimited(wait)
-        answers = await service.in_thread(
-            partial(
-                detect_all,
-                service,
-                request,
-                token,
-                [body],
-                key_ids=body.key_ids,
-                alpha=body.alpha,
-                return_tokens=body.return_tokens,
-            )
-        )
+        answer = await detect_one(service, request, token, body)
     except Exception as exc:  # the app's handlers shape it; unexpected ones are logged there
         error = await exception_response(request, exc)
         await _send(send, error.status_code, bytes(error.body), error.raw_headers)
         return error.status_code
-    content = orjson.dumps(answers[0], option=orjson.OPT_SERIALIZE_NUMPY)
+    content = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
     headers = [(b"content-length", str(len(content)).encode("ascii")), (b"content-type", b"application/json")]
     await _send(send, 200, content, headers)
     return 200

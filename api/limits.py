@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["DISCONNECTED", "BodyLimitMiddleware", "RateLimiter", "read_body"]
+__all__ = ["DISCONNECTED", "BodyLimitMiddleware", "RateLimiter", "read_body", "replaying"]
 
 
 class RateLimiter:
@@ -74,16 +74,21 @@ class BodyLimitMiddleware:
         body = await read_body(scope, receive, send, self.max_bytes, self.read_timeout)
         if isinstance(body, int):
             return
-        replayed = False
+        await self.app(scope, replaying(body, receive), send)
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives the app the body already read, whole, then the client's messages."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 DISCONNECTED = 499  # what `read_body` returns for a client gone mid-body (nginx's "client closed request")

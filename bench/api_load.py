@@ -188,20 +188,26 @@ def _load(server: Server, seconds: float, connections: int, tmp: Path, *, warm_u
     return Run(requests, micros / 1e6, p50 / 1000, p99 / 1000, cpu)
 
 
-def _answered(server: Server) -> int:
-    """The server's own count of POST /v1/detect answers (all workers); they must all be 200s."""
+def detect_statuses(server: Server) -> dict[str, int]:
+    """The server's own count of POST /v1/detect answers by status (all workers)."""
     metrics = httpx.get(
         f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.auditor}"}, timeout=10
     ).text
-    counts: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for line in metrics.splitlines():
         if line.startswith("wmark_http_requests_total{") and 'route="/v1/detect"' in line:
             status = re.search(r'status="(\d+)"', line)
             assert status is not None
-            counts[status.group(1)] = counts.get(status.group(1), 0) + float(line.rsplit(" ", 1)[1])
+            counts[status.group(1)] = counts.get(status.group(1), 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def _answered(server: Server) -> int:
+    """The server's own count of POST /v1/detect answers (all workers); they must all be 200s."""
+    counts = detect_statuses(server)
     if set(counts) - {"200"}:
         raise SystemExit(f"{server.label}: answers other than 200: {counts}")
-    return int(counts.get("200", 0))
+    return counts.get("200", 0)
 
 
 def _settled(server: Server) -> int:

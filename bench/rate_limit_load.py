@@ -60,22 +60,6 @@ def _run(server: api_load.Server, seconds: float, tmp: Path) -> tuple[int, int, 
     return int(total.group(1)), int(non2xx.group(1)) if non2xx else 0, failed
 
 
-def _statuses(server: api_load.Server) -> dict[str, int]:
-    """The server's own count of POST /v1/detect answers by status (all workers)."""
-    import httpx
-
-    metrics = httpx.get(
-        f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.auditor}"}, timeout=10
-    ).text
-    counts: dict[str, int] = {}
-    for line in metrics.splitlines():
-        if line.startswith("wmark_http_requests_total{") and 'route="/v1/detect"' in line:
-            status = re.search(r'status="(\d+)"', line)
-            assert status is not None
-            counts[status.group(1)] = counts.get(status.group(1), 0) + int(float(line.rsplit(" ", 1)[1]))
-    return counts
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
@@ -121,7 +105,7 @@ def main() -> None:
             server = api_load.Server("SQLite", args.workers, proc, url, token, auditor)
             try:
                 requests, refused, failed = _run(server, args.seconds, tmp)
-                statuses = _statuses(server)
+                statuses = api_load.detect_statuses(server)
             finally:
                 api_load._stop(proc)
             with KeyRegistry.open(config) as reg:

@@ -241,15 +241,8 @@ def unwrap(text: str) -> str | None:
             wraps.append(i)
     if len(wraps) < _MIN_WRAPS or 2 * len(wraps) < breaks:
         return None
-    chars = list(text)
-    ends = [0] * len(lines)
-    at = -1
-    for i, line in enumerate(lines):
-        at += len(line) + 1
-        ends[i] = at  # the "\n" after line i
-    for i in wraps:
-        chars[ends[i]] = " "
-    return "".join(chars)
+    joined = set(wraps)
+    return "".join(line + (" " if i in joined else "\n") for i, line in enumerate(lines[:-1])) + lines[-1]
 
 
 def restored(text: str, forms: Forms | None = None) -> str:
