@@ -8,13 +8,16 @@
 - a model folder or cached HF id: that model as it is.
 
 A draft model attends with stock SDPA (`HFModel.exact_attention` off) unless it is the target
-itself: it only proposes, so the batch invariance the target needs buys it nothing.
+itself: it only proposes, so the batch invariance the target needs buys it nothing. Its
+forwards also bypass transformers' generic decoder where the architecture allows
+(`wmark.generator.draft_forward`).
 Every choice leaves the text unchanged (the target's race winners); it moves speed only.
 """
 
 from __future__ import annotations
 
 from wmark.generator.backend import LanguageModel
+from wmark.generator.draft_forward import lean_decoder
 from wmark.generator.draft_head import TruncatedHead, truncate_head
 from wmark.generator.hf_backend import HFModel
 from wmark.generator.hybrid_drafter import HybridDrafter
@@ -44,4 +47,5 @@ def build_drafter(drafter: str, target: LanguageModel, model: LanguageModel | No
         truncate_head(model)
     if isinstance(model, HFModel) and model is not target:
         model.exact_attention = False
+        model.lean = lean_decoder(model.model)
     return HybridDrafter(model) if drafter == AUTO else model

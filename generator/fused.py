@@ -17,12 +17,14 @@ output is bit for bit what its own layer gave (tests/unit/generator/test_fused.p
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 from torch import nn
 
 from wmark.generator.rowwise import RowInt8Linear
 
-__all__ = ["GROUPS", "FusedGroup", "fuse_projections"]
+__all__ = ["GROUPS", "FusedGroup", "fuse_projections", "stacked_layer"]
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """Sibling layers that read the same input in a Qwen2 / Llama decoder layer."""
@@ -104,3 +106,18 @@ def fuse_projections(model: nn.Module) -> int:
                 start += layer.out_features
             fused += 1
     return fused
+
+
+def stacked_layer(members: list[nn.Module]) -> RowInt8Linear | None:
+    """The one layer whose output is `members`' outputs side by side, in this order, if they
+    are exactly one fused group (None otherwise): a caller that wants them all calls it once."""
+    slices = [m for m in members if isinstance(m, _Slice)]
+    if not slices or len(slices) != len(members):
+        return None
+    group = slices[0].group
+    bounds = [(m.start, m.stop) for m in slices if m.group is group]
+    if len(bounds) != len(members) or len(members) != group.members or bounds[0][0] != 0:
+        return None
+    if any(a[1] != b[0] for a, b in pairwise(bounds)) or bounds[-1][1] != group.linear.out_features:
+        return None
+    return group.linear

@@ -15,7 +15,6 @@ Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.roww
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 
 from wmark.errors import BackendError
 from wmark.generator.backend import NodeTable
+from wmark.generator.draft_forward import LeanDecoder
 from wmark.generator.fused import fuse_projections
 from wmark.generator.rowwise import (
     ATTENTION_NAME,
@@ -130,16 +130,18 @@ class HFSession:
         dtype = self.lm.dtype
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
         device = self.lm.device
-        with contextlib.nullcontext() if self.lm.exact_attention else draft_kernels():
-            out = self.lm.model(
-                input_ids=torch.tensor([inputs], device=device),
-                attention_mask=mask[None, None].to(device),
-                position_ids=torch.tensor([positions], device=device),
-                cache=self.cache,
-                use_cache=True,
-            )
+        ids = torch.tensor([inputs], device=device)
+        mask4d, position_ids = mask[None, None].to(device), torch.tensor([positions], device=device)
+        if self.lm.exact_attention:
+            out = self._model_forward(ids, mask4d, position_ids)
+        else:
+            with draft_kernels():
+                if self.lm.lean is not None:
+                    out = self.lm.lean(ids, mask4d, position_ids, self.cache)
+                else:
+                    out = self._model_forward(ids, mask4d, position_ids)
         self.forwards += 1
-        logits = out.logits[0].to(torch.float32)
+        logits = out[0].to(torch.float32)
         if n_pending:
             self.root_logits = logits[n_pending - 1]
             self.committed = committed_after
@@ -148,6 +150,14 @@ class HFSession:
         self.node_logits.extend(node_logits)
         assert self.root_logits is not None
         return self.root_logits, node_logits
+
+    def _model_forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits (1, n, vocab) from transformers' forward, the cache extended."""
+        out = self.lm.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True
+        )
+        logits: torch.Tensor = out.logits
+        return logits
 
     def accept(self, path: Sequence[int], extra: Sequence[int]) -> None:
         """See `Session.accept`."""
@@ -184,7 +194,9 @@ class HFModel:
     A drafter may set it False (`wmark.generator.drafters.build_drafter` does): its forwards
     then run `draft_kernels` (one stock SDPA call per layer, int8 layers with a per-tensor
     activation scale), cheaper, with rounding that depends on the block's shape, which a
-    drafter can afford since it only proposes.
+    drafter can afford since it only proposes. `lean` (None): such a drafter's forwards skip
+    transformers' generic decoder for `wmark.generator.draft_forward.LeanDecoder`, which
+    `build_drafter` sets where the architecture allows.
     """
 
     def __init__(
@@ -200,6 +212,7 @@ class HFModel:
         self.name = name
         self.tokenizer_sha256 = tokenizer_sha256
         self.exact_attention = True
+        self.lean: LeanDecoder | None = None
         self.vocab_size = int(model.config.vocab_size)
         self.device = (
             next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")

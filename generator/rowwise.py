@@ -115,12 +115,15 @@ class RowInt8Linear(nn.Module):
         weight_int8 = torch.clamp(torch.round(weight / scale[:, None]), -127, 127).to(torch.int8)
         return weight_int8, scale
 
+    def dynamic(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer with fbgemm's dynamic quantisation (per-tensor scale, 7-bit activations):
+        cheaper, not batch-invariant; what `draft_kernels` selects, for a model that only drafts."""
+        drafted: torch.Tensor = torch.ops.quantized.linear_dynamic(x.to(torch.float32), self._packed, True)
+        return drafted if self.bias is None else drafted + self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _DYNAMIC.get():  # a drafter (`draft_kernels`): per-tensor scale, 7-bit activations
-            drafted: torch.Tensor = torch.ops.quantized.linear_dynamic(
-                x.to(torch.float32), self._packed, True
-            )
-            return drafted if self.bias is None else drafted + self.bias
+        if _DYNAMIC.get():  # a drafter (`draft_kernels`)
+            return self.dynamic(x)
         rows = x.reshape(-1, self.in_features).to(torch.float32)
         peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
         out: torch.Tensor = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(

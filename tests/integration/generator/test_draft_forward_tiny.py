@@ -1,0 +1,123 @@
+"""The lean drafter forward (generator/draft_forward.py) computes what transformers' decoder
+computes, on tree-shaped blocks over a growing cache, and a drafter running it keeps the text."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
+from wmark.generator.draft_forward import LeanDecoder, lean_decoder
+from wmark.generator.drafters import build_drafter
+from wmark.generator.engine import SamplerConfig, generate
+from wmark.generator.fused import FusedGroup, _Slice, stacked_layer
+from wmark.generator.hf_backend import HFModel, prepare_model
+from wmark.generator.hybrid_drafter import HybridDrafter
+from wmark.generator.rowwise import RowInt8Linear
+
+EOS = frozenset({0})
+PROMPT = [17, 42, 99, 3, 250, 7, 128, 64, 5, 17, 42, 99]
+TREE_PARENTS = [-1, -1, 0, 1, 2, 2, 4]  # two branches, one forking: rows see different keys
+TREE_TOKENS = [5, 9, 77, 31, 8, 200, 1]
+KEY = KeyMaterial(
+    key_id="wk_tiny",
+    secret=Secret(hashlib.sha256(b"tiny key").digest()),
+    spec=WatermarkSpec(tokenizer=TokenizerRef(name="tiny", sha256="1" * 64, vocab_size=256)),
+)
+
+
+def _blocks(model: HFModel) -> torch.Tensor:
+    """Logits of a prompt, a tree over it, then (a path of it accepted and the cache pruned) a
+    second tree after a queued token: every kind of block a drafter level runs."""
+    session = model.session(PROMPT)
+    root, nodes = session.extend(TREE_PARENTS, TREE_TOKENS)
+    session.accept([0, 2], [13])
+    root2, nodes2 = session.extend([-1, 0], [11, 12])
+    return torch.cat([root[None], nodes, root2[None], nodes2])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_lean_forward_matches_the_transformers_forward(tiny_qwen, precision):
+    stock = HFModel(prepare_model(tiny_qwen(3), precision, "cpu"), EOS)
+    stock.exact_attention = False  # a drafter: stock SDPA (and dynamic int8 on the int8 path)
+    lean = copy.deepcopy(stock)
+    lean.lean = lean_decoder(lean.model)
+    assert isinstance(lean.lean, LeanDecoder)
+    expected, got = _blocks(stock), _blocks(lean)
+    # The same operations (equal to the bit on this torch build); the tolerance leaves room for
+    # another build's kernels ordering a sum differently: 1e-5 of the logits' range, where a wrong
+    # rotary, mask or GQA mapping moves logits by a sizeable part of that range.
+    tolerance = 1e-5 * float(expected.max() - expected.min())
+    assert torch.allclose(got, expected, rtol=0, atol=tolerance)
+
+
+def test_lean_forward_uses_the_fused_int8_groups(tiny_qwen):
+    model = prepare_model(tiny_qwen(3), "int8", "cpu")
+    attention = model.model.layers[0].self_attn
+    assert stacked_layer([attention.q_proj, attention.k_proj, attention.v_proj]) is not None
+    assert stacked_layer([attention.k_proj, attention.q_proj, attention.v_proj]) is None  # order
+    assert stacked_layer([attention.q_proj, attention.k_proj]) is None  # part of a group
+    assert stacked_layer([attention.o_proj]) is None  # not fused
+    assert stacked_layer([]) is None
+
+
+def test_stacked_layer_is_the_group_linear():
+    gen = torch.Generator().manual_seed(0)
+    layers = [
+        RowInt8Linear(torch.randint(-127, 128, (n, 16), generator=gen, dtype=torch.int8), torch.rand(n), None)
+        for n in (8, 4)
+    ]
+    group = FusedGroup(layers)
+    first, second = _Slice(group, 0, 8, 16), _Slice(group, 8, 12, 16)
+    stacked = stacked_layer([first, second])
+    assert stacked is group.linear
+    x = torch.randn(3, 16, generator=gen)
+    assert torch.equal(stacked(x), torch.cat([first(x), second(x)], dim=-1))
+    other = _Slice(FusedGroup(layers), 8, 12, 16)
+    assert stacked_layer([first, other]) is None  # slices of two different groups
+
+
+def _qwen(**overrides) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, **overrides,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config)
+
+
+def test_lean_decoder_declines_what_it_does_not_run():
+    assert isinstance(lean_decoder(_qwen()), LeanDecoder)
+    assert lean_decoder(_qwen(hidden_act="gelu")) is None
+    assert lean_decoder(_qwen(use_sliding_window=True, sliding_window=8)) is None
+    scaled = _qwen(rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert lean_decoder(scaled) is None
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    assert lean_decoder(gpt2) is None
+    assert lean_decoder(torch.nn.Linear(2, 2)) is None
+
+
+@pytest.mark.parametrize("precision", ["exact-fp32", "int8"])
+def test_a_lean_drafter_keeps_the_text(tiny_qwen, precision):
+    base = tiny_qwen(3)
+    target = HFModel(prepare_model(copy.deepcopy(base), precision, "cpu"), EOS)
+    noisy = copy.deepcopy(base)  # the target's weights with noise: drafts well, not perfectly
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in noisy.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * 0.02 * param.std())
+    own = HFModel(prepare_model(noisy, precision, "cpu"), EOS)
+    drafter = build_drafter("auto", target, own)  # the CLI's path: the hybrid over a lean model
+    assert isinstance(drafter, HybridDrafter) and isinstance(own.lean, LeanDecoder)
+
+    def run(method: str, draft, drafts: int | None = None):
+        config = SamplerConfig(method=method, drafts=drafts, lookahead=4, max_new_tokens=40)
+        return generate(target, PROMPT, config=config, key=KEY, drafter=draft, seed=5)
+
+    reference = run("basic-uwm", None)
+    out = run("mpfr", drafter, 3)
+    assert out.token_ids == reference.token_ids
+    assert out.draft_forwards > 0 and out.aatps > 1.0  # the lean model really drafted, and well
