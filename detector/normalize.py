@@ -13,7 +13,9 @@ decomposed accents, doubled spaces, CR LF line ends. `normalize` undoes these:
    lists as a look-alike of an ASCII letter or digit becomes that ASCII character (ASCII text
    itself is never folded: "l", "I" and "1" stay apart);
 4. line breaks become "\\n", runs of spaces inside a line one space, spaces before a line
-   break or at the end nothing; indentation at the start of a line is kept (code).
+   break or at the end nothing; indentation at the start of a line is kept (code), but a line
+   that holds only spaces becomes empty (a model writes a blank line as "\\n\\n"; "\\n \\n"
+   tokenises differently).
 
 Normalisation also changes legitimately generated text that uses these characters (a Russian
 answer folded into Latin look-alikes, an aligned comment's two spaces). Which readings the
@@ -43,6 +45,9 @@ _NON_ASCII_RUN = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+")
 # the non-space before the run.
 _TRAILING_RUN = re.compile(r"[^\S\n](?<=\S[^\S\n])[^\S\n]*(?=\n|\Z)")
 _INNER_RUN = re.compile(r"[^\S\n](?<=\S[^\S\n])(?:(?<=[^ ])[^\S\n]*|[^\S\n]+)(?=\S)")
+# A line that holds only spaces (after a line break or at the start, up to a line break or the
+# end): its first space is not after a character other than a line break.
+_BLANK_LINE = re.compile(r"[^\S\n](?<![^\n][^\S\n])[^\S\n]*(?=\n|\Z)")
 # ASCII text that normalisation could change: a line break other than LF, spaces before a line
 # break or at the end, or a run inside a line that is not one space (may over-match: then the
 # slow path runs and finds nothing to change).
@@ -179,9 +184,10 @@ def normalize(text: str) -> NormalizedText:
     """
     if text.isascii() and not _ASCII_CHANGES.search(text):
         return NormalizedText.identity(text)  # the common case, at C speed
-    # Normalisation works line by line and keeps indentation and printable ASCII, so the text
-    # is the canonical forms of its chunks (text between line starts that hold printable ASCII
-    # after their indentation) laid end to end: only chunks that may change go cluster by cluster.
+    # Normalisation works line by line and keeps printable ASCII and the indentation before it
+    # (a line of spaces alone becomes empty), so the text is the canonical forms of its chunks
+    # (text between line starts that hold printable ASCII after their indentation) laid end to
+    # end: only chunks that may change go cluster by cluster.
     chars: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
@@ -232,7 +238,7 @@ def canonical_text(text: str) -> str:
         text = _NON_ASCII_RUN.sub(_visible_run, text)
         text = _NON_ASCII_BREAKS.sub("\n", text)
     text = _OTHER_BREAKS.sub("\n", text)
-    return _INNER_RUN.sub(" ", _TRAILING_RUN.sub("", text))
+    return _INNER_RUN.sub(" ", _TRAILING_RUN.sub("", _BLANK_LINE.sub("", text)))
 
 
 class _CharTable(dict[int, str]):
@@ -276,6 +282,10 @@ def _canonical(text: str) -> NormalizedText:
 
     pending_space: tuple[int, int] | None = None  # a run of spaces inside a line, not yet written
     at_line_start = True
+    line_start = 0  # where the current line starts in `chars`
+
+    def drop_blank_line() -> None:  # a line of spaces only (its indentation, so far) goes
+        del chars[line_start:], starts[line_start:], ends[line_start:]
     for s, e in _clusters(text):
         cluster = "".join(ch for ch in text[s:e] if not is_invisible(ch))
         if cluster == "\r" and e < len(text) and text[e] == "\n":
@@ -284,8 +294,11 @@ def _canonical(text: str) -> NormalizedText:
             ch = fold.get(ch, ch)
             if ch in _LINE_BREAKS:
                 pending_space = None  # spaces before a line break go
+                if at_line_start:
+                    drop_blank_line()
                 emit("\n", s, e)
                 at_line_start = True
+                line_start = len(chars)
             elif ch.isspace():
                 if at_line_start:
                     emit(ch, s, e)  # indentation is kept as written
@@ -299,4 +312,6 @@ def _canonical(text: str) -> NormalizedText:
                     pending_space = None
                 emit(ch, s, e)
                 at_line_start = False
+    if at_line_start:
+        drop_blank_line()
     return NormalizedText("".join(chars), tuple(starts), tuple(ends), len(text))

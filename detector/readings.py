@@ -12,9 +12,9 @@ text cannot tell:
   compatibility space, a fullwidth or mathematical letter or digit, a word that mixes ASCII
   letters with look-alikes from another script, decomposed accents, a line break other than
   LF), is read canonically only (`wmark.detector.normalize`): its raw tokens are the attack's.
-- A text without marks that normalisation still changes (doubled spaces, trailing spaces: a
-  model writes these too, in aligned code comments or Markdown) is read both ways, with the
-  factor 2.
+- A text without marks that normalisation still changes (doubled spaces, trailing spaces,
+  lines of spaces only: a model writes these too, in aligned code comments, Markdown, or the
+  indented blank lines of code) is read both ways, with the factor 2.
 - Each reading is then **unwrapped** if its lines were hard-wrapped (every break the greedy
   wrap of a paragraph at the text's widest line would make: a model's paragraphs are single
   long lines), and put into **sentence case** if written in one case throughout.

@@ -9,13 +9,15 @@ ASCII character after its indentation (`[ \\t]*[!-~]` after a "\\n"):
 - no pre-token crosses such a boundary (the only matches that hold a "\\n" end with it or are
   whitespace-only, and the line after it is not), so a text's tokens are its chunks' tokens
   laid end to end;
-- `canonical_text` works line by line and keeps indentation and printable ASCII, so the
-  canonical text is the chunks' canonical texts laid end to end, with the same boundaries.
+- `canonical_text` works line by line and keeps printable ASCII and the indentation before
+  it (a line of spaces alone becomes empty), so the canonical text is the chunks' canonical
+  texts laid end to end, with the same boundaries.
 
 So only the chunks that normalisation changes are tokenised again, and their tokens replace
 the text's own. Which chunks may change is read off the text's tokens (`SpliceTables`): a
-token with a character other than printable ASCII and spaces/tabs/"\\n", or a run of spaces or
-tabs after a non-space that is not one space before a non-space. The tests hold the result
+token with a character other than printable ASCII and spaces/tabs/"\\n", a run of spaces or
+tabs after a non-space that is not one space before a non-space, or a line of spaces and tabs
+only (which becomes empty), inside a token or across several. The tests hold the result
 equal to tokenising the canonical text, token for token, on many texts. Any other tokenizer
 (another pre-tokeniser, a normaliser, an added token that could span a line) is not spliced:
 `SpliceTables.from_json` returns None and the caller tokenises the reading in full.
@@ -49,6 +51,9 @@ _ASCII_SPACE = frozenset(b" \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f")  # str.isspace() in
 _RUN_CHARS = frozenset(b" \t\x1f")  # spaces inside a line (the other ASCII spaces break lines)
 _PLAIN = bytes(range(0x20, 0x7F)) + b"\t\n"
 _INNER_RUN = re.compile(rb"[^ \t\n\x0b\x0c\r\x1c-\x1f][ \t\x1f]")  # a non-space, then a space
+_BLANK_LINE = re.compile(rb"\n[ \t]+\n")  # a line of spaces and tabs only, inside a token
+_OPENS = re.compile(rb"\n[ \t]*\Z")  # after the last "\n", spaces and tabs only (or nothing)
+_CLOSES = re.compile(rb"\A[ \t]*\n")  # before the first "\n", spaces and tabs only (or nothing)
 
 
 @functools.cache
@@ -70,7 +75,8 @@ class SpliceTables:
     Attributes:
         byte_len: the token's length in UTF-8 bytes of the text.
         site: a character normalisation may change (not printable ASCII, space, tab or "\\n"),
-            or a non-space followed by a space inside the token (added tokens: always).
+            a non-space followed by a space inside the token, or a line of spaces and tabs only
+            between two "\\n" of the token (added tokens: always).
         ends_solid: the last byte is not an ASCII space.
         starts_run: the first byte is a space, tab or \\x1f (a run inside a line starts here).
         one_space: the token is a space followed by a non-space (a run of exactly one space).
@@ -79,6 +85,9 @@ class SpliceTables:
         ends_line: the last byte is "\\n".
         line_start: the token is `[ \\t]*[!-~]...` (a line that is not blank starts here).
         blank: the token is spaces and tabs only.
+        opens_line: the token holds a "\\n" and only spaces and tabs after its last one.
+        closes_line: the token holds a "\\n" and only spaces and tabs before its first one.
+        ends_space: the last byte is a space or tab.
     """
 
     byte_len: npt.NDArray[np.int64]
@@ -91,6 +100,9 @@ class SpliceTables:
     ends_line: npt.NDArray[np.bool_]
     line_start: npt.NDArray[np.bool_]
     blank: npt.NDArray[np.bool_]
+    opens_line: npt.NDArray[np.bool_]
+    closes_line: npt.NDArray[np.bool_]
+    ends_space: npt.NDArray[np.bool_]
 
     @classmethod
     def from_json(cls, tokenizer_json: bytes) -> SpliceTables | None:
@@ -155,6 +167,9 @@ _FLAGS = (
     "ends_line",
     "line_start",
     "blank",
+    "opens_line",
+    "closes_line",
+    "ends_space",
 )
 
 
@@ -165,7 +180,7 @@ def _describe(data: bytes, added: bool) -> tuple[bool, ...]:
     first, last, body = data[0], data[-1], data.lstrip(b" \t")
     odd = bool(data.translate(None, _PLAIN))  # a byte other than printable ASCII, tab, "\n"
     return (
-        added or odd or _INNER_RUN.search(data) is not None,
+        added or odd or _INNER_RUN.search(data) is not None or _BLANK_LINE.search(data) is not None,
         last not in _ASCII_SPACE,
         first in _RUN_CHARS,
         first == 0x20 and len(data) > 1 and data[1] not in _ASCII_SPACE,
@@ -174,6 +189,9 @@ def _describe(data: bytes, added: bool) -> tuple[bool, ...]:
         last == 0x0A,
         bool(body) and 0x21 <= body[0] <= 0x7E,
         not body,
+        _OPENS.search(data) is not None,
+        _CLOSES.match(data) is not None,
+        last in (0x20, 0x09),
     )
 
 
@@ -198,6 +216,7 @@ def _changed_chunks(t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]) -> l
     run = t.ends_solid[flat[:-1]] & t.starts_run[flat[1:]] & ~first[1:n]
     lone_ok = np.append(t.lone_space[flat[1:-1]] & nxt_solid[1:], False) if n > 1 else nxt_solid
     site[1:] |= run & ~(t.one_space[flat[1:]] | lone_ok)
+    site |= _blank_line_ends(t, flat, first)
     sites = np.flatnonzero(site)
     if len(sites) == 0:
         return [[] for _ in ids]
@@ -220,6 +239,40 @@ def _changed_chunks(t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]) -> l
         else:
             spans.append((lo, hi))
     return out
+
+
+def _blank_line_ends(
+    t: SpliceTables, flat: npt.NDArray[np.uint32], first: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.bool_]:
+    """The tokens that end a line of spaces and tabs only that spans tokens: the token with its
+    closing "\\n", or a text's last token when the line ends the text.
+
+    Such a line starts at a text's start or after a token that opens a line (ends with "\\n"
+    and spaces), goes on through tokens of spaces only, and ends in a token that closes a line
+    (starts with spaces and "\\n"); it is not empty unless the closing "\\n" directly follows
+    another. A line of spaces between two "\\n" of one token is that token's `site`. The
+    closing token lies in the line's chunk: no chunk starts inside a line of spaces.
+
+    `flat` is the texts' tokens laid end to end, `first` marks each text's first token (and
+    the end, at index len(flat)).
+    """
+    n = len(flat)
+    blank = t.blank[flat]
+    starts = first[:n]
+    # the line holds only spaces so far, after each token: decided by the last token that is not
+    # blank (or a text's first token), kept through blank ones
+    reset = ~blank | starts
+    last_reset = np.maximum.accumulate(np.where(reset, np.arange(n), 0))
+    after = (t.opens_line[flat] | blank)[last_reset]
+    before = starts.copy()
+    before[1:] |= after[:-1]
+    after_break = np.zeros(n, dtype=np.bool_)
+    after_break[1:] = t.ends_line[flat[:-1]] & ~starts[1:]
+    not_empty = t.starts_run[flat] | ~(starts | after_break)
+    ends = before & t.closes_line[flat] & not_empty
+    last = np.flatnonzero(first[1:])  # each text's last token (an empty text has none)
+    ends[last] |= after[last] & t.ends_space[flat[last]]
+    return ends
 
 
 def canonical_readings(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -107,3 +108,86 @@ def test_normalize_goes_cluster_by_cluster_only_in_chunks_that_may_change() -> N
         text = "".join(rng.choice(alphabet, size=int(rng.integers(1, 30))))
         got, want = normalize(text), _canonical(text)
         assert (got.text, got.starts, got.ends) == (want.text, want.starts, want.ends), repr(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("a\n   \nb", "a\n\nb"),
+        ("a\r\n \r\nb", "a\n\nb"),
+        ("a\n\t\nb", "a\n\nb"),
+        ("a\n\u00a0\nb", "a\n\nb"),
+        ("a\n \u3000\u2003\t\nb", "a\n\nb"),
+        ("a\n \u200b \nb", "a\n\nb"),
+        ("a\n\x1f\nb", "a\n\nb"),
+        ("a\n \r \x0b\t\u2028b", "a\n\n\n\nb"),
+        ("  \t\nb", "\nb"),
+        ("a\n   ", "a\n"),
+        ("   ", ""),
+        ("    x\n    \n    y\n", "    x\n\n    y\n"),
+        (" \u0301\n", " \u0301\n"),  # a combining mark on a space is not a space
+    ],
+)
+def test_a_line_of_spaces_only_becomes_empty(text: str, canonical: str) -> None:
+    from wmark.detector.normalize import _canonical, canonical_text
+
+    assert normalize(text).text == _canonical(text).text == canonical_text(text) == canonical
+
+
+def test_an_emptied_line_keeps_the_map_of_its_line_breaks() -> None:
+    text = "a \n \t\r\nb"
+    norm = normalize(text)
+    assert norm.text == "a\n\nb"
+    assert [text[s:e] for s, e in zip(norm.starts, norm.ends, strict=True)] == ["a", "\n", "\n", "b"]
+    assert norm.source_span(1, 3) == (2, 7)
+
+
+# A model's answer: paragraphs and a code block, blank lines written "\n\n".
+ANSWER = (
+    "Here is the function.\n\n```python\ndef first(items):\n    for i in items:\n        return i\n\n"
+    "    return None\n```\n\nIt stops at the first item.\n\n- one\n- two\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda t: t.replace("\n\n", "\n   \n"), "spaces on blank lines"),
+        (lambda t: t.replace("\n\n", "\n\t\n"), "a tab on blank lines"),
+        (lambda t: t.replace("\n\n", "\n\u00a0\n"), "a no-break space on blank lines"),
+        (lambda t: t.replace("\n\n", "\n    \n"), "indentation on blank lines (an editor's auto-indent)"),
+        (lambda t: t.replace("\n", " \r\n"), "CR LF line ends after a trailing space on every line"),
+        (
+            lambda t: t.replace("\n", "\r\n").replace("\r\n\r\n", "\r\n \t \r\n"),
+            "CR LF, spaces on blank lines",
+        ),
+    ],
+)
+def test_blank_lines_given_spaces_or_crlf_read_as_the_answer_itself(
+    edit: Callable[[str], str], why: str
+) -> None:
+    """The canonical reading of the edited answer is exactly the answer's own, so its tokens are
+    the answer's (tests/unit/detector/test_splice.py checks them with a tokenizer)."""
+    from wmark.detector.normalize import canonical_text
+
+    edited = edit(ANSWER)
+    assert edited != ANSWER, why
+    assert canonical_text(ANSWER) == ANSWER and normalize(ANSWER).text == ANSWER
+    assert normalize(edited).text == canonical_text(edited) == ANSWER, why
+
+
+def test_no_canonical_line_is_spaces_only() -> None:
+    """Texts dense in lines of spaces (ASCII, compatibility and invisible ones, on every kind of
+    line break, at the start and the end): the three paths agree, and no line of the canonical
+    text holds only spaces."""
+    from wmark.detector.normalize import _canonical, canonical_text
+
+    rng = np.random.default_rng(12)
+    pieces = [" ", "  ", "\t", "\n", "\n", "\r\n", "\r", "\u2028", "\x0b", "x", "  y"]
+    pieces += ["\u00a0", "\u3000", "\u200b", "\x1f", "\u0301", "\u0430"]
+    for _ in range(5000):
+        text = "".join(pieces[int(i)] for i in rng.integers(0, len(pieces), size=int(rng.integers(1, 16))))
+        got, want = normalize(text), _canonical(text)
+        assert (got.text, got.starts, got.ends) == (want.text, want.starts, want.ends), repr(text)
+        assert canonical_text(text) == want.text, repr(text)
+        assert all(not line.isspace() for line in want.text.split("\n")), repr(text)

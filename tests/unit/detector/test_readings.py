@@ -44,9 +44,7 @@ def test_each_character_attack_gets_one_reading_that_is_the_answer(name: str) ->
     assert text != answer
     readings = reading_texts(text)
     assert len(readings) == 1, name
-    if name == "line-ends":  # a blank line's added space is kept: normalisation keeps indentation
-        assert readings[0].replace("\n \n", "\n\n") == answer
-    elif not name.startswith("case"):
+    if not name.startswith("case"):  # line-ends too: a blank line's added space goes
         assert readings[0] == answer, name
     else:
         # sentence case restores every word but those capitalised inside a sentence
@@ -58,6 +56,25 @@ def test_doubled_spaces_alone_are_read_both_ways() -> None:
     """A model writes two spaces too (aligned comments): without a mark, both readings."""
     code = "x = 1  # one\ny = 2  # two\n"
     assert [v.text for v in text_variants(code)] == [code, "x = 1 # one\ny = 2 # two\n"]
+
+
+def test_a_models_own_lines_of_spaces_are_read_both_ways() -> None:
+    """A model may write a blank line of code with its indentation ("\\n    \\n"); spaces alone
+    are no edit mark, so the text as written is one reading (the factor 2 is the cost) and the
+    canonical one, with the line emptied, the other."""
+    code = "def f(x):\n    y = x\n    \n    return y\n"
+    canonical = "def f(x):\n    y = x\n\n    return y\n"
+    assert not edit_marks(code)
+    assert [v.text for v in text_variants(code)] == reading_texts(code) == [code, canonical]
+    # with an edit mark, the canonical reading alone: the model's indented blank line is lost
+    assert reading_texts(code.replace("\n", "\r\n")) == [canonical]
+
+
+def test_blank_lines_given_spaces_by_an_edit_read_as_the_answer() -> None:
+    edited = ANSWER.replace("\n\n", "\n  \n")
+    assert not edit_marks(edited)
+    assert reading_texts(edited) == [edited, ANSWER]
+    assert reading_texts(edited.replace("\n", "\r\n")) == [ANSWER]
 
 
 def test_emoji_sequences_and_foreign_words_are_not_edit_marks() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -116,3 +117,76 @@ def test_other_tokenizers_are_not_spliced(word_tokenizer_json: bytes, bpe: TextT
     config = json.loads(bpe._json)
     config["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
     assert SpliceTables.from_json(json.dumps(config).encode()) is None
+
+
+BLANKS = [" ", "  ", "\t", " \t ", "    ", " " * 20, "\t" * 9, "\u00a0", " \u3000", "\u200b ", "\x1f", ""]
+BREAKS = ["\n", "\n", "\r\n", " \r\n", "  \n", "\r"]
+
+
+def _blank_lines_text(rng: np.random.Generator) -> str:
+    """Lines of text and lines of spaces only (ASCII, compatibility, invisible; long runs that
+    take several tokens), on LF, CR LF and trailing spaces, at the start and end of the text."""
+    lines = []
+    for _ in range(int(rng.integers(1, 8))):
+        if rng.random() < 0.5:
+            line = "".join(BLANKS[int(i)] for i in rng.integers(0, len(BLANKS), size=int(rng.integers(1, 3))))
+        else:
+            words = [WORDS[int(i)] for i in rng.integers(0, len(WORDS), size=int(rng.integers(1, 5)))]
+            line = INDENTS[int(rng.integers(0, len(INDENTS)))] + " ".join(words)
+        lines.append(line + BREAKS[int(rng.integers(0, len(BREAKS)))])
+    text = "".join(lines)
+    return text if rng.random() < 0.5 else text.rstrip("\r\n")
+
+
+BLANK_CASES = [
+    "a\n   \nb", "a\n\t\nb", "a\r\n \r\nb", "a\n\u00a0\nb", "   \nb", "a\n   ", "a\n\n   ", "   ",
+    "a\n" + " " * 40 + "\nb", "a\n" + " " * 40, " " * 40 + "\nb", "a\n \n \n \nb", "a\n\n \n\nb",
+    "def f(x):\n    y = x\n    \n    return y\n", "x  \n \t \n  y \n", "a\n \t\n\tb", "a\n\x1f\nb",
+]
+# every length of run, so that the vocabulary splits some before a token that starts with "\n"
+BLANK_CASES += [
+    f"a\n{run * k}{end}b" for run in (" ", "\t", " \t") for k in range(1, 25) for end in ("\n", "\n\n")
+]
+
+
+def test_lines_of_spaces_only_splice_like_full_tokenisation(bpe: TextTokenizer) -> None:
+    """A line of spaces only becomes empty in the canonical reading, inside one token ("\\n   \\n"),
+    across several (a long run), at the text's start or end: the spliced tokens are still those
+    of the canonical text."""
+    tables = bpe.splice_tables
+    assert tables is not None
+    rng = np.random.default_rng(3)
+    texts = BLANK_CASES + [t for t in (_blank_lines_text(rng) for _ in range(3000)) if t]
+    readings = canonical_readings(tables, texts, bpe.encode_batch(texts), bpe.encode_batch)
+    emptied = 0
+    for text, reading in zip(texts, readings, strict=True):
+        canonical = canonical_text(text)
+        if reading is None:
+            assert canonical == text, repr(text)
+            continue
+        emptied += canonical.count("\n\n") > text.replace("\r\n", "\n").count("\n\n")
+        assert reading[0] == canonical, repr(text)
+        assert np.array_equal(reading[1], bpe.encode(canonical)), repr(text)
+    assert emptied > 0.3 * len(texts)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t.replace("\n\n", "\n   \n"),
+        lambda t: t.replace("\n\n", "\n\t\n"),
+        lambda t: t.replace("\n\n", "\n\u00a0\n"),
+        lambda t: t.replace("\n", " \r\n"),
+    ],
+)
+def test_blank_lines_given_spaces_read_as_the_answers_own_tokens(
+    bpe: TextTokenizer, edit: Callable[[str], str]
+) -> None:
+    answer = "The river floods.\n\n```\ndef f(x):\n    return x\n\n    # done\n```\n\nIt's 42.\n"
+    edited = edit(answer)
+    assert not np.array_equal(bpe.encode(edited), bpe.encode(answer))
+    tables = bpe.splice_tables
+    assert tables is not None
+    (reading,) = canonical_readings(tables, [edited], bpe.encode_batch([edited]), bpe.encode_batch)
+    assert reading is not None and reading[0] == answer
+    assert np.array_equal(reading[1], bpe.encode(answer))
