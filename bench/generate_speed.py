@@ -46,6 +46,8 @@ class Setting:
     drafter: str | None = None  # a `--drafter` name; None for basic-uwm
     confidence: float | None = None  # dynamic lookahead threshold; None: the default
     lookup: int | None = None  # lookup_lookahead (free lookup drafts past L); None: the default
+    reach: float | None = None  # min_reach (priced verify rows); None: the default
+    rows: int | None = None  # max_rows; None: the default
 
 
 SETTINGS = {
@@ -88,6 +90,8 @@ def _config(setting: Setting, tokens: int) -> SamplerConfig:
         "lookahead": setting.lookahead,
         "draft_confidence": setting.confidence,
         "lookup_lookahead": setting.lookup,
+        "min_reach": setting.reach,
+        "max_rows": setting.rows,
     }
     return SamplerConfig(
         method=setting.method, max_new_tokens=tokens, **{k: v for k, v in given.items() if v is not None}
@@ -109,15 +113,24 @@ def main() -> None:
     parser.add_argument(
         "--settings",
         default=",".join(CLASSIC),
-        help=f"comma-separated rows: {', '.join(SETTINGS)}, or method:B:L:drafter:confidence[:lookup]",
+        help=f"comma-separated rows: {', '.join(SETTINGS)}, "
+        "or method:B:L:drafter:confidence[:lookup[:reach[:rows]]]",
     )
     args = parser.parse_args()
     names = [n.strip() for n in args.settings.split(",")]
-    for name in names:  # ad hoc rows: method:B:L:drafter:confidence[:lookup]
-        if name not in SETTINGS and name.count(":") in (4, 5):
-            method, b, ell, drafter_name, conf, *lookup = name.split(":")
+    for name in names:  # ad hoc rows: method:B:L:drafter:confidence[:lookup[:reach[:rows]]]
+        if name not in SETTINGS and 4 <= name.count(":") <= 7:
+            method, b, ell, drafter_name, conf, *rest = name.split(":")
+            lookup, reach, rows = [*rest, None, None, None][:3]
             SETTINGS[name] = Setting(
-                method, int(b), int(ell), drafter_name, float(conf), int(lookup[0]) if lookup else None
+                method,
+                int(b),
+                int(ell),
+                drafter_name,
+                float(conf),
+                int(lookup) if lookup else None,
+                float(reach) if reach else None,
+                int(rows) if rows else None,
             )
     unknown = [n for n in names if n not in SETTINGS]
     if unknown or "basic-uwm" not in names:

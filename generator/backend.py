@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["LanguageModel", "LookupSession", "NodeTable", "Session"]
+__all__ = ["LanguageModel", "LookupSession", "NodeTable", "Session", "TrustedSession"]
 
 
 class Session(Protocol):
@@ -52,6 +52,17 @@ class LookupSession(Protocol):
         self, parents: Sequence[int], tokens: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`Session.extend` that never runs a model: a node without a lookup match gets an all -inf row."""
+        ...
+
+
+@runtime_checkable
+class TrustedSession(Protocol):
+    """A drafter session whose rows are not all equally good proposals (prompt lookup's)."""
+
+    def row_trust(self) -> list[float]:
+        """Per row of the last `extend` / `extend_lookup` answer (root first, then each new node):
+        the chance a draft from that row is accepted, relative to what its probabilities say
+        (1.0 for a model's row). `draft_tree.grow` prices verify rows with it."""
         ...
 
 

@@ -43,7 +43,9 @@ class BlockInputs:
     `lookahead` is the tree depth L for this block (already capped by the remaining budget);
     a branch stops early where the drafter's probability of its token is below `draft_confidence`.
     `lookup_lookahead` (if deeper than L) lets branches grow on past L with drafts that cost no
-    drafter forward (prompt lookup, `draft_tree.grow`).
+    drafter forward (prompt lookup, `draft_tree.grow`). `min_reach` and `max_rows` price the
+    tree's verify rows: a draft joins only if its estimated chance of being reached and accepted
+    is at least `min_reach`, and the tree holds at most `max_rows` drafts (0: no cap).
     """
 
     target: Session
@@ -58,3 +60,5 @@ class BlockInputs:
     drafts: int = 1
     draft_confidence: float = 0.0
     lookup_lookahead: int = 0
+    min_reach: float = 0.0
+    max_rows: int = 0

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from wmark.generator.backend import LookupSession
+from wmark.generator.backend import LookupSession, TrustedSession
 from wmark.generator.blocks import BlockInputs
 from wmark.generator.logits import Support, supports
 
@@ -76,11 +76,19 @@ def grow(inp: BlockInputs, tree: DraftTree[T], expand: Expand[T]) -> float:
     (`LookupSession`: prompt lookup) goes on where the text still matches: such drafts cost
     only their verify rows, and a long match (a summary copying its article, code repeating a
     line) is usually accepted far beyond L.
+
+    Each verify row costs the target forward ~0.1 of itself on CPU, so drafts are priced: a
+    draft's reach (the product along its path of the drafter's probability of each token,
+    times its row's `TrustedSession.row_trust` for lookup rows) estimates the chance the target
+    walks to it and accepts it. Below `min_reach` it is not drafted, and a level adds the
+    likeliest drafts first while the tree holds fewer than `max_rows`.
     """
     assert inp.drafter is not None
     seconds, fed = 0.0, 0
     level = [-1]  # contexts whose children are drawn next
+    reach = {-1: 1.0}  # per node: estimated chance the target reaches and accepts it
     lookup = inp.drafter if isinstance(inp.drafter, LookupSession) else None
+    trusted = inp.drafter if isinstance(inp.drafter, TrustedSession) else None
     deepest = max(inp.lookahead, inp.lookup_lookahead) if lookup is not None else inp.lookahead
     for depth in range(1, deepest + 1):
         start = time.perf_counter()
@@ -98,14 +106,27 @@ def grow(inp: BlockInputs, tree: DraftTree[T], expand: Expand[T]) -> float:
                 tree.nodes[i].draft_id = fed + offset
             fed += len(level)
         seconds += time.perf_counter() - start
-        next_level = []
-        for ctx, q in zip(level, supports(logits, inp.draft_logits), strict=True):
+        trust = None  # row_trust covers the answer's root row, then its node rows
+        if trusted is not None:
+            trust = trusted.row_trust()[:1] if depth == 1 else trusted.row_trust()[1:]
+        candidates = []
+        for k, (ctx, q) in enumerate(zip(level, supports(logits, inp.draft_logits), strict=True)):
             if not q.ids.size:  # the drafter has nothing to propose here (prompt lookup found no match)
                 continue
+            factor = reach[ctx] * (trust[k] if trust is not None else 1.0)
             for token, data in expand(ctx, q):
-                child = tree.add(ctx, token, data)
-                if token not in inp.eos and q.prob_of(token) >= inp.draft_confidence:
-                    next_level.append(child)
+                prob = q.prob_of(token)
+                if factor * prob >= inp.min_reach:
+                    candidates.append((factor * prob, prob, ctx, token, data))
+        if inp.max_rows:
+            candidates.sort(key=lambda c: -c[0])  # stable: equal reaches keep drawing order
+            candidates = candidates[: max(inp.max_rows - len(tree.nodes), 0)]
+        next_level = []
+        for chance, prob, ctx, token, data in candidates:
+            child = tree.add(ctx, token, data)
+            reach[child] = chance
+            if token not in inp.eos and prob >= inp.draft_confidence:
+                next_level.append(child)
         level = next_level
         if not level:
             break

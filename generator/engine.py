@@ -80,6 +80,11 @@ class SamplerConfig:
         lookup_lookahead: with a prompt-lookup drafter (ngram, auto), branches go on past L to
             this depth with lookup drafts while the text matches (they cost no drafter forward,
             only verify rows); 0 or <= L: off.
+        min_reach: a draft becomes a verify row only if the estimated chance that the target
+            reaches and accepts it (the product of its path's draft probabilities, lookup rows
+            discounted by their measured accuracy) is at least this (0: every draft). A verify
+            row costs ~0.1 of a target forward on CPU, so a rarely accepted draft slows the block.
+        max_rows: at most this many drafts per block, the likeliest first (0: no cap).
     """
 
     method: str = "mpfr"
@@ -91,6 +96,8 @@ class SamplerConfig:
     diversity_bits: float = 16.0
     draft_confidence: float = 0.0
     lookup_lookahead: int = 0
+    min_reach: float = 0.0
+    max_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -113,6 +120,10 @@ class SamplerConfig:
             raise InputError(f"lookup_lookahead must be in 0..{MAX_LOOKAHEAD}, got {self.lookup_lookahead}")
         if not 0.0 <= self.draft_confidence < 1.0:
             raise InputError("draft_confidence must be in [0, 1)")
+        if not 0.0 <= self.min_reach < 1.0:
+            raise InputError("min_reach must be in [0, 1)")
+        if self.max_rows < 0:
+            raise InputError("max_rows must be >= 0 (0: no cap)")
 
 
 def request_nonce(seed: int | None) -> bytes:
@@ -218,6 +229,8 @@ def generate(
                 drafts=config.drafts or 1,
                 draft_confidence=config.draft_confidence,
                 lookup_lookahead=min(config.lookup_lookahead, remaining - 1),
+                min_reach=config.min_reach,
+                max_rows=config.max_rows,
             )
         )
         draft_s += block.draft_seconds

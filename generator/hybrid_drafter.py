@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from wmark.generator.backend import LanguageModel, NodeTable, Session
-from wmark.generator.prompt_lookup import DEEP_MATCH, MAX_MATCH, MIN_MATCH, SuffixIndex, proposal_logits
+from wmark.generator.prompt_lookup import DEEP_MATCH, MAX_MATCH, MIN_MATCH, SuffixIndex
 
 __all__ = ["HybridDrafter", "HybridSession"]
 
@@ -31,7 +31,13 @@ class HybridSession:
         self.model_ids: list[int] = []  # per node: its id in the model's session, -1 until fed
         self.fed = 0  # nodes fed to the model since the last accept
         self._root: torch.Tensor | None = None
+        self._root_trust = 1.0  # a model's root row; a lookup root's `lookup_trust`
+        self._trust: list[float] = []
         self.forwards = 0  # the model's forward passes (lookups cost none)
+
+    def row_trust(self) -> list[float]:
+        """See `backend.TrustedSession`: lookup rows their `lookup_trust`, model rows 1.0."""
+        return self._trust
 
     def _tail(self, node: int) -> list[int]:
         return [self.nodes.tokens[a] for a in self.nodes.ancestors(node)]
@@ -45,26 +51,27 @@ class HybridSession:
             raise RuntimeError("extend_lookup continues a block: call extend first")
         new = self.nodes.add(parents, tokens)
         self.model_ids.extend([-1] * len(new))
-        rows = [
-            proposal_logits(self.index.continuations(self._tail(n), DEEP_MATCH), self.vocab_size) for n in new
-        ]
-        return self._root, torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
+        rows = [self.index.row(self._tail(n), self.vocab_size, DEEP_MATCH) for n in new]
+        self._trust = [self._root_trust, *(trust for _, trust in rows)]
+        return self._root, torch.stack([row for row, _ in rows]) if rows else torch.empty(0, self.vocab_size)
 
     def extend(self, parents: Sequence[int], tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """See `Session.extend`: lookup rows where the text matches, model rows (one forward) elsewhere."""
         new = self.nodes.add(parents, tokens)
         self.model_ids.extend([-1] * len(new))
         rows: dict[int, torch.Tensor] = {}
+        trust = dict.fromkeys(new, 1.0)
         needy = []
         for n in new:
-            counts = self.index.continuations(self._tail(n))
-            if counts is None:
+            row, trust[n] = self.index.row(self._tail(n), self.vocab_size)
+            if trust[n] == 0.0:
                 needy.append(n)
+                trust[n] = 1.0
             else:
-                rows[n] = proposal_logits(counts, self.vocab_size)
+                rows[n] = row
         if self._root is None:
-            counts = self.index.continuations([])
-            self._root = proposal_logits(counts, self.vocab_size) if counts is not None else None
+            row, self._root_trust = self.index.row([], self.vocab_size)
+            self._root = row if self._root_trust > 0.0 else None
         if needy or self._root is None:
             feed = sorted({a for n in needy for a in self.nodes.ancestors(n) if self.model_ids[a] < 0})
             for k, n in enumerate(feed):
@@ -76,10 +83,11 @@ class HybridSession:
             )
             self.forwards = int(getattr(self.model, "forwards", self.forwards + 1))
             if self._root is None:
-                self._root = model_root
+                self._root, self._root_trust = model_root, 1.0
             for n in needy:
                 rows[n] = model_rows[feed.index(n)]
         node_rows = torch.stack([rows[n] for n in new]) if new else torch.empty(0, self.vocab_size)
+        self._trust = [self._root_trust, *(trust[n] for n in new)]
         return self._root, node_rows
 
     def accept(self, path: Sequence[int], extra: Sequence[int]) -> None:

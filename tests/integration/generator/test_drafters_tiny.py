@@ -12,13 +12,14 @@ import pytest
 import torch
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
+from wmark.errors import InputError
 from wmark.generator.draft_head import TruncatedHead, truncate_head
 from wmark.generator.drafters import build_drafter, drafter_model_source
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fakes import FakeLM
 from wmark.generator.hf_backend import HFModel, prepare_model
 from wmark.generator.hybrid_drafter import HybridDrafter
-from wmark.generator.prompt_lookup import PromptLookup
+from wmark.generator.prompt_lookup import PromptLookup, SuffixIndex, lookup_trust
 
 VOCAB = 256  # the tiny models of conftest.py
 EOS = 0
@@ -195,3 +196,46 @@ def test_drafter_names_resolve_to_what_they_say(models):
     assert target.exact_attention  # the target drafting for itself keeps its batch-invariant attention
     with pytest.raises(ValueError):
         build_drafter("embedded", target, None)
+
+
+@pytest.mark.parametrize("min_reach,max_rows", [(0.2, 0), (0.0, 3), (0.3, 4)])
+def test_priced_rows_keep_the_text_and_prune_the_tree(models, truncated, min_reach, max_rows):
+    reference = _run(models["target"], None, method="basic-uwm", drafts=None)
+    for name, drafter in _drafters(models, truncated).items():
+        config = SamplerConfig(
+            method="mpfr",
+            drafts=4,
+            lookahead=4,
+            max_new_tokens=MAX_NEW,
+            min_reach=min_reach,
+            max_rows=max_rows,
+        )
+        full = _run(models["target"], drafter, "mpfr", 4, 4)
+        out = generate(models["target"], PROMPT, config=config, key=KEY, drafter=drafter, seed=5)
+        assert out.token_ids == reference.token_ids, name
+        if max_rows:
+            assert max(out.drafted) <= max_rows, name
+        assert sum(out.drafted) < sum(full.drafted), name  # it really pruned drafts
+
+
+def test_lookup_rows_carry_their_measured_trust():
+    index = SuffixIndex([1, 2, 3, 9, 1, 2, 3, 7, 5, 6, 4, 5, 6], min_match=2)
+    row, trust = index.row([4, 5, 6, 1, 2, 3], VOCAB)  # "1 2 3" matched, then 9 or 7: two successors
+    assert trust == lookup_trust(3, 2) == pytest.approx(0.7 * 0.6)
+    assert sorted(torch.nonzero(row.isfinite()).flatten().tolist()) == [7, 9]
+    _, short = index.row([9, 5, 6], VOCAB)  # "5 6" once before, then 4
+    assert short == lookup_trust(2, 1) == 0.45
+    empty, none = index.row([8, 8], VOCAB)
+    assert none == 0.0 and bool(empty.isneginf().all())
+    session = PromptLookup(VOCAB, frozenset({EOS})).session([1, 2, 3, 9, 1, 2, 3])
+    session.extend([], [])
+    assert session.row_trust() == [lookup_trust(3, 1)]  # the root: "1 2 3" -> 9 only
+    session.extend([-1], [9])
+    assert session.row_trust() == [lookup_trust(3, 1), lookup_trust(4, 1)]
+
+
+def test_row_prices_are_checked():
+    with pytest.raises(InputError, match="min_reach"):
+        SamplerConfig(min_reach=1.0)
+    with pytest.raises(InputError, match="max_rows"):
+        SamplerConfig(max_rows=-1)
