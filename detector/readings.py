@@ -25,6 +25,7 @@ evidence on the submitted characters) is its base's.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Callable, Mapping
@@ -77,8 +78,8 @@ _COMPAT_MARKS = re.compile(
     "\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\U0001d400-\U0001d7ff]"
 )
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
-_NON_ASCII_WORD = re.compile(r"[^\W\d_]*[^\x00-\x7f\W\d_][^\W\d_]*")
-_ASCII_LETTER = re.compile(r"[A-Za-z]")
+_LETTER = re.compile(r"[^\W\d_]")  # a letter of a word (what \w matches, less digits and "_")
+_ASTRAL_LETTER = re.compile(r"[^\W\d_\x00-\uffff]")  # a letter above U+FFFF
 # joiners and selectors that belong to emoji sequences (ZWJ, text/emoji presentation, tags)
 _EMOJI_GLUE = frozenset("\u200d\ufe0e\ufe0f") | frozenset(map(chr, range(0xE0020, 0xE0080)))
 _SPACED_WORD = re.compile(r"(?<= )[a-z]{2,}\b")  # a lower-case word after a space, mid-line
@@ -195,16 +196,65 @@ def edit_marks(text: str) -> bool:
         return False
     if _COMPAT_MARKS.search(text) or not unicodedata.is_normalized("NFC", text):
         return True
+    return _stray_invisible(text) or _mixed_word(text)
+
+
+def _stray_invisible(text: str) -> bool:
+    """Whether `text` holds an invisible character (`is_invisible`) outside an emoji sequence."""
     for match in _NON_ASCII.finditer(text):
         ch = match.group()
         if is_invisible(ch) and not _in_emoji(text, match.start()):
             return True
-    folds = confusable_folds()
-    for match in _NON_ASCII_WORD.finditer(text):
-        word = match.group()
-        if _ASCII_LETTER.search(word) and any(ch in folds for ch in word):
-            return True  # a Latin word with a look-alike from another script in it
     return False
+
+
+def _mixed_word(text: str) -> bool:
+    """Whether a word of `text` (a run of letters: what \\w matches, less digits and "_") holds
+    an ASCII letter and a look-alike of one from another script (`confusable_folds`)."""
+    if _mixed_word_bmp().search(text):
+        return True
+    return _ASTRAL_LETTER.search(text) is not None and _mixed_word_astral().search(text) is not None
+
+
+@functools.cache
+def _mixed_word_bmp() -> re.Pattern[str]:
+    """Where a word (a run of letters) holds an ASCII letter and a look-alike of one below
+    U+10000 (a letter of `confusable_folds`), built once from the fold table.
+
+    A word holds both iff somewhere in it the two stand with only other non-ASCII letters
+    between them (of its ASCII letters and look-alikes in order, two neighbours of the two
+    kinds: whatever stands between them is neither). Each match starts at such a pair's first
+    non-ASCII letter (the regex engine skips ASCII text at C speed) and looks behind for the
+    ASCII letter or the look-alike before it; the letters between are a class without the
+    look-alikes and ASCII letters, so a match attempt stops at the next one: one pass over the
+    text.
+    """
+    looks = [ord(ch) for ch in confusable_folds() if _LETTER.fullmatch(ch) and ord(ch) <= 0xFFFF]
+    look = f"[{_ranges(sorted(looks))}]"
+    other = rf"[^\W\d_A-Za-z{look[1:-1]}]*"  # other letters (and look-alikes above U+FFFF)
+    after_ascii = rf"(?<=[A-Za-z].)(?:(?<={look})|{other}{look})"
+    return re.compile(rf"[^\W\d_\x00-\x7f](?:{after_ascii}|(?<={look}){other}[A-Za-z])")
+
+
+@functools.cache
+def _mixed_word_astral() -> re.Pattern[str]:
+    """`_mixed_word_bmp` for the look-alikes above U+FFFF (Deseret, Osage, mathematical letters...),
+    which the regex engine tests one range after another: only for text with such letters."""
+    looks = [ord(ch) for ch in confusable_folds() if _LETTER.fullmatch(ch) and ord(ch) > 0xFFFF]
+    look = f"[{_ranges(sorted(looks))}]"
+    other = r"[^\W\d_A-Za-z]*"
+    return re.compile(rf"[A-Za-z]{other}{look}|{look}{other}[A-Za-z]")
+
+
+def _ranges(codes: list[int]) -> str:
+    """A regex character class's body that holds the sorted code points `codes`, as ranges."""
+    spans: list[list[int]] = []
+    for c in codes:
+        if spans and spans[-1][1] == c - 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return "".join(rf"\U{a:08x}" if a == b else rf"\U{a:08x}-\U{b:08x}" for a, b in spans)
 
 
 def _in_emoji(text: str, at: int) -> bool:

@@ -3,6 +3,7 @@ the text shows what was done to it), and map back to the submitted characters.""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -215,3 +216,143 @@ def test_a_docstring_opened_on_its_own_line_starts_with_a_capital() -> None:
         '    """\n    Hold one value.\n    """\n\n    return value or None\n```\n'
     )
     assert [v.text for v in text_variants(answer.upper())] == [answer]
+
+
+# The look-alike and invisible-character scans of `edit_marks` before they became regular
+# expressions built from the tables: a Python loop over every non-ASCII character and every word
+# that holds a non-ASCII letter. Kept as the reference the fast version must equal.
+_REF_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_REF_NON_ASCII_WORD = re.compile(r"[^\W\d_]*[^\x00-\x7f\W\d_][^\W\d_]*")
+_REF_ASCII_LETTER = re.compile(r"[A-Za-z]")
+
+
+def _reference_invisible(text: str) -> bool:
+    from wmark.detector.normalize import is_invisible
+    from wmark.detector.readings import _in_emoji
+
+    return any(
+        is_invisible(m.group()) and not _in_emoji(text, m.start()) for m in _REF_NON_ASCII.finditer(text)
+    )
+
+
+def _reference_mixed_word(text: str) -> bool:
+    from wmark.detector.normalize import confusable_folds
+
+    folds = confusable_folds()
+    for match in _REF_NON_ASCII_WORD.finditer(text):
+        word = match.group()
+        if _REF_ASCII_LETTER.search(word) and any(ch in folds for ch in word):
+            return True
+    return False
+
+
+def _reference_edit_marks(text: str) -> bool:
+    import unicodedata
+
+    from wmark.detector.readings import _ASCII_MARKS, _COMPAT_MARKS
+
+    if _ASCII_MARKS.search(text):
+        return True
+    if text.isascii():
+        return False
+    if _COMPAT_MARKS.search(text) or not unicodedata.is_normalized("NFC", text):
+        return True
+    return _reference_invisible(text) or _reference_mixed_word(text)
+
+
+def _mixed_script_texts(count: int, seed: int) -> list[str]:
+    """Latin words with look-alikes from the whole fold table swapped in (Cyrillic, Greek,
+    Cherokee, Deseret, Roman numerals...), look-alikes that are not letters (Devanagari zero,
+    "×"), other non-ASCII letters (accents, CJK, Hangul, a letter above U+FFFF), emoji with ZWJ,
+    presentation selectors and tags, combining marks, digits and "_" inside words; now and then
+    an invisible or compatibility character."""
+    from wmark.detector.normalize import confusable_folds
+
+    folds = confusable_folds()
+    looks = sorted(ch for ch in folds if re.fullmatch(r"[^\W\d_]", ch))
+    symbols = sorted(ch for ch in folds if not re.fullmatch(r"[^\W\d_]", ch))
+    common = list("\u0430\u0435\u043e\u0440\u0441\u0443\u0445\u0456\u0458\u0455")
+    common += list("\u0391\u039f\u03bf\u03bd\u0131")
+    others = ["\u00e9t\u00e9", "stra\u00dfe", "\u0436\u0431", "\u4e2d\u6587", "\u3042", "\ud55c"]
+    others += ["\U00020000"]
+    others += ["\u216b", "\u00aa", "\u02bc", "\u0915\u093f", "\u0301", "\u0663", "1", "_", "'", "-"]
+    emoji = ["\U0001f469\u200d\U0001f4bb", "\u2764\ufe0f", "\U0001f600", "\U0001f3f4\U000e0067\U000e007f"]
+    rare = ["\u200b", "\u200d", "\ufe0f", "\u00ad", "\u2060", "\u00a0", "\U0001d41a", "e\u0301"]
+    words = ["river", "a", "I", "spring", "x", "ok", "The"]
+    rng = np.random.default_rng(seed)
+
+    def pick(pool: list[str]) -> str:
+        return pool[int(rng.integers(len(pool)))]
+
+    texts = []
+    for _ in range(count):
+        parts = []
+        for _ in range(int(rng.integers(1, 12))):
+            r = rng.random()
+            if r < 0.35:  # a Latin word, maybe with look-alikes or other letters inside
+                word = list(pick(words))
+                for i in range(len(word)):
+                    if rng.random() < 0.15:
+                        word[i] = pick(common) if rng.random() < 0.5 else pick(looks)
+                    elif rng.random() < 0.08:
+                        word[i] = pick(others + symbols)
+                parts.append("".join(word))
+            elif r < 0.5:
+                parts.append(pick(looks) + pick(others))
+            elif r < 0.75:
+                parts.append(pick(others))
+            elif r < 0.85:
+                parts.append(pick(symbols))
+            elif r < 0.95:
+                parts.append(pick(emoji))
+            else:
+                parts.append(pick(rare))
+            parts.append(pick(["", "", " ", " ", "\n", ".", "-", "_", "2"]))
+        texts.append("".join(parts))
+    return texts
+
+
+def test_edit_marks_equals_the_reference_on_mixed_script_text() -> None:
+    """The regular expressions built from the fold table and the invisible characters give
+    exactly the answers of the old per-character loops, on every text and for each scan on its
+    own (the early returns of `edit_marks` would hide most of the second scan)."""
+    from wmark.detector.readings import _mixed_word, _stray_invisible
+
+    texts = _mixed_script_texts(4000, seed=14)
+    mixed = invisible = marked = 0
+    for text in texts:
+        want = _reference_mixed_word(text)
+        assert _mixed_word(text) == want, repr(text)
+        mixed += want
+        want = _reference_invisible(text)
+        assert _stray_invisible(text) == want, repr(text)
+        invisible += want
+        want = _reference_edit_marks(text)
+        assert edit_marks(text) == want, repr(text)
+        marked += want
+    n = len(texts)
+    assert 0.2 * n < mixed < 0.8 * n and 0.05 * n < invisible < 0.5 * n and 0.2 * n < marked < 0.9 * n
+
+
+@pytest.mark.parametrize(
+    ("text", "mixed"),
+    [
+        ("the riv\u0435r", True),  # Cyrillic e inside
+        ("\u0435asy", True),  # at the start
+        ("rive\u0440", True),  # at the end
+        ("r\u00e9\u0436\u0435", True),  # other non-ASCII letters between
+        ("\u0440\u0435\u043a\u0430 river", False),  # a Russian word beside a Latin one
+        ("riv_\u0435", False),  # "_" and digits end a word
+        ("riv2\u0435", False),
+        ("riv\u00d7er", False),  # "×" folds to "x" but is no letter
+        ("x\u0301\u0435", False),  # a combining mark ends a word
+        ("caf\u00e9 na\u00efve", False),  # accents are not look-alikes
+        ("\U00010404k", True),  # Deseret capital O, above U+FFFF
+        ("\U00020000\U00010404", False),  # a letter above U+FFFF, no ASCII letter
+        ("\u2160I", True),  # Roman numeral one is a letter here
+    ],
+)
+def test_mixed_words(text: str, mixed: bool) -> None:
+    from wmark.detector.readings import _mixed_word
+
+    assert _mixed_word(text) == _reference_mixed_word(text) == mixed
