@@ -30,7 +30,13 @@ import re
 import unicodedata
 from collections.abc import Callable, Mapping
 
-from wmark.detector.normalize import NormalizedText, canonical_text, confusable_folds, is_invisible, normalize
+from wmark.detector.normalize import (
+    NormalizedText,
+    canonical_text,
+    confusable_folds,
+    invisible_chars,
+    normalize,
+)
 
 __all__ = [
     "case_forms",
@@ -77,7 +83,6 @@ _COMPAT_MARKS = re.compile(
     "[\x85\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f"
     "\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\U0001d400-\U0001d7ff]"
 )
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _LETTER = re.compile(r"[^\W\d_]")  # a letter of a word (what \w matches, less digits and "_")
 _ASTRAL_LETTER = re.compile(r"[^\W\d_\x00-\uffff]")  # a letter above U+FFFF
 # joiners and selectors that belong to emoji sequences (ZWJ, text/emoji presentation, tags)
@@ -189,7 +194,7 @@ def _may_be_title(text: str) -> bool:
 
 def edit_marks(text: str) -> bool:
     """Whether `text` carries a mark of an edit that a language model does not make (see the
-    module docstring); ASCII text at C speed."""
+    module docstring); at C speed (regular expressions, the Unicode ones built on first use)."""
     if _ASCII_MARKS.search(text):
         return True
     if text.isascii():
@@ -201,11 +206,7 @@ def edit_marks(text: str) -> bool:
 
 def _stray_invisible(text: str) -> bool:
     """Whether `text` holds an invisible character (`is_invisible`) outside an emoji sequence."""
-    for match in _NON_ASCII.finditer(text):
-        ch = match.group()
-        if is_invisible(ch) and not _in_emoji(text, match.start()):
-            return True
-    return False
+    return any(not _in_emoji(text, match.start()) for match in _invisible().finditer(text))
 
 
 def _mixed_word(text: str) -> bool:
@@ -214,6 +215,13 @@ def _mixed_word(text: str) -> bool:
     if _mixed_word_bmp().search(text):
         return True
     return _ASTRAL_LETTER.search(text) is not None and _mixed_word_astral().search(text) is not None
+
+
+@functools.cache
+def _invisible() -> re.Pattern[str]:
+    """Any invisible character (built once). The class of the 424 characters is tested only on
+    non-ASCII ones (ASCII is skipped at C speed by the bitmap of the first class)."""
+    return re.compile(rf"[^\x00-\x7f](?<=[{_ranges([ord(ch) for ch in invisible_chars()])}])")
 
 
 @functools.cache

@@ -191,3 +191,10 @@ def test_no_canonical_line_is_spaces_only() -> None:
         assert (got.text, got.starts, got.ends) == (want.text, want.starts, want.ends), repr(text)
         assert canonical_text(text) == want.text, repr(text)
         assert all(not line.isspace() for line in want.text.split("\n")), repr(text)
+
+
+def test_invisible_chars_are_every_character_is_invisible_holds_true_for() -> None:
+    from wmark.detector.normalize import invisible_chars, is_invisible
+
+    every = "".join(map(chr, range(0x110000)))
+    assert invisible_chars() == "".join(ch for ch in every if is_invisible(ch))
