@@ -27,9 +27,8 @@ DRAFT_VOCAB = 32768  # Qwen2.5: IDs below 32k are 94% of the tokens of the built
 def _rows(layer: nn.Module, keep: torch.Tensor) -> nn.Module:
     """`layer` (a vocabulary projection) restricted to the output rows `keep`."""
     if isinstance(layer, RowInt8Linear):
-        qweight, _ = torch.ops.quantized.linear_unpack(layer._packed)
-        weight = qweight.int_repr().index_select(0, keep)
-        scale = qweight.q_per_channel_scales().index_select(0, keep).to(torch.float64)
+        weight, scale = layer.int8_weight()
+        weight, scale = weight.index_select(0, keep), scale.index_select(0, keep)
         bias = None if layer.bias is None else layer.bias.index_select(0, keep)
         return RowInt8Linear(weight, scale, bias)
     if isinstance(layer, RowFloatLinear | nn.Linear):

@@ -39,9 +39,9 @@ class FusedGroup:
     """
 
     def __init__(self, layers: list[RowInt8Linear]) -> None:
-        unpacked = [torch.ops.quantized.linear_unpack(layer._packed)[0] for layer in layers]
-        weight = torch.cat([q.int_repr() for q in unpacked])
-        scale = torch.cat([q.q_per_channel_scales().to(torch.float64) for q in unpacked])
+        parts = [layer.int8_weight() for layer in layers]
+        weight = torch.cat([w for w, _ in parts])
+        scale = torch.cat([s for _, s in parts])
         biases = [layer.bias for layer in layers]
         bias = None
         if any(b is not None for b in biases):

@@ -6,8 +6,9 @@ in the two cases, so logits differ by ~1e-7 and a near-tie in the race can flip:
 text would then depend on the drafter. These kernels remove that:
 
 - `RowInt8Linear`: int8 weights (per output channel) times int8 activations with a scale per
-  row (W8A8, fbgemm). Integer accumulation is exact in any order, and each row is scaled to
-  [-1, 1] before quantisation, so no row sees another. On this CPU it is also ~5-10x faster
+  row (W8A8; fbgemm, and oneDNN's AMX kernel for several rows where the CPU has AMX). Integer
+  accumulation is exact in any order, and each row is scaled to [-1, 1] before quantisation,
+  so no row sees another. On this CPU it is also ~5-10x faster
   than float32 for the 1-17 rows of a speculative block (docs/architecture.md §7 has the measurements).
 - `RowFloatLinear`: float32, one GEMV per row (exact but slow; for small test models).
 - `rowwise_attention`: each query row attends to exactly its visible keys (gathered in cache
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import tempfile
 import warnings
@@ -82,11 +84,40 @@ def draft_kernels() -> Iterator[None]:
         _STOCK.reset(stock)
 
 
-_QUINT8_ZERO = 128  # symmetric activations in quint8: q = round(127 x) + 128
+_QUINT8_ZERO = 128  # symmetric activations in quint8: q = round(127 x / peak) + 128
+AMX_MIN_ROWS = 3
+"""From this many rows on, `RowInt8Linear` runs oneDNN's AMX GEMM where the CPU has AMX.
+
+Measured on the target's 28 layers of int8 GEMMs streamed from memory, one thread, Sapphire
+Rapids class: fbgemm 140 / 151 / 165 / 182 / 223 ms for 1 / 2 / 3 / 4 / 8 rows, oneDNN with
+AMX 150 / 150 / 153 / 153 / 164 ms. A verify row costs fbgemm ~6 % of a one-row GEMM pass and
+AMX ~1.5 %; a single row is 7 % cheaper on fbgemm.
+"""
+AMX_DRAFT_ROWS = 8  # the same for a drafter's `dynamic` layers (its forwards have 1-4 rows)
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Whether this CPU has AMX tiles and torch has oneDNN's int8 linear (WMARK_INT8_AMX=0: never)."""
+    if os.environ.get("WMARK_INT8_AMX", "1") == "0":
+        return False
+    mkldnn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    if not mkldnn or not hasattr(torch.ops.onednn, "qlinear_prepack"):
+        return False
+    init = getattr(torch._C._cpu, "_init_amx", None)  # asks the kernel for the tiles; False without AMX
+    return bool(init()) if init is not None else False
 
 
 class RowInt8Linear(nn.Module):
     """Linear layer with int8 weights and per-row int8 activations (batch-invariant).
+
+    Each row is quantised with its own peak (q = round(127 x / peak)), the integer products are
+    accumulated exactly, and the float accumulator is scaled by the channel's scale and the row's
+    peak in torch. The GEMM is fbgemm's for 1-2 rows and oneDNN's AMX kernel for more rows where
+    the CPU has AMX (`AMX_MIN_ROWS`): both return the exact integer sum as float32, so a row's
+    output is bit for bit the same whichever kernel ran and however many rows rode along.
+    With AMX the weights are held twice (once per kernel's packing): the price of verify rows
+    that cost ~1.5 % of a forward each instead of ~6 %.
 
     Args:
         weight_int8: (out, in) int8 weights.
@@ -96,14 +127,24 @@ class RowInt8Linear(nn.Module):
 
     def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
+        out_features = weight_int8.shape[0]
         with warnings.catch_warnings():
             # torch 2.13 deprecates quantized tensor *creation* (pytorch#184982); the fbgemm kernels
             # stay. When it is removed this needs torchao's int8 kernels instead.
             warnings.filterwarnings("ignore", message=".*quantized tensor creation.*", category=UserWarning)
+            # Unit scales: the kernel returns the integer sums themselves, scaled below in torch.
             qweight = torch._make_per_channel_quantized_tensor(
-                weight_int8, scale, torch.zeros_like(scale, dtype=torch.int64), 0
+                weight_int8,
+                torch.ones(out_features, dtype=torch.float64),
+                torch.zeros(out_features, dtype=torch.int64),
+                0,
             )
             self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self._onednn = torch.ops.onednn.qlinear_prepack(weight_int8, None) if amx_available() else None
+        self._ones = torch.ones(out_features) if self._onednn is not None else None
+        self._zeros = torch.zeros(out_features, dtype=torch.int64) if self._onednn is not None else None
+        self.scale = scale.detach().to(torch.float64)
+        self._scale32 = self.scale.to(torch.float32)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self.out_features, self.in_features = weight_int8.shape
 
@@ -115,24 +156,64 @@ class RowInt8Linear(nn.Module):
         weight_int8 = torch.clamp(torch.round(weight / scale[:, None]), -127, 127).to(torch.int8)
         return weight_int8, scale
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> RowInt8Linear:
+        # oneDNN's packed weight is an opaque tensor that cannot be copied: pack a copy anew
+        weight, scale = self.int8_weight()
+        return RowInt8Linear(weight.clone(), scale.clone(), None if self.bias is None else self.bias.detach())
+
+    def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight_int8, scale) as given to the constructor (to stack or cut layers)."""
+        qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return qweight.int_repr(), self.scale
+
+    def _sums(self, q: torch.Tensor) -> torch.Tensor:
+        """Exact integer sums q . W^T as float32, for integer-valued float rows q in [-127, 127]."""
+        if self._onednn is not None and q.shape[0] >= AMX_MIN_ROWS:
+            sums: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
+                q.add(_QUINT8_ZERO).to(torch.uint8),
+                1.0,
+                _QUINT8_ZERO,
+                self._onednn,
+                self._ones,
+                self._zeros,
+                None,
+                1.0,
+                0,
+                torch.float32,
+                "none",
+                [],
+                "",
+            )
+            return sums
+        # fbgemm quantises its float input with scale 1 and zero point 128: q itself, exactly.
+        sums = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            q, 1.0, _QUINT8_ZERO, self._packed
+        )
+        return sums
+
+    def _exact(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.float32)
+        peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+        out = self._sums(torch.round(rows * (127.0 / peak))).mul_(self._scale32).mul_(peak / 127.0)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
     def dynamic(self, x: torch.Tensor) -> torch.Tensor:
         """The layer with fbgemm's dynamic quantisation (per-tensor scale, 7-bit activations):
-        cheaper, not batch-invariant; what `draft_kernels` selects, for a model that only drafts."""
+        cheaper, not batch-invariant; what `draft_kernels` selects, for a model that only drafts.
+        Many rows at once (a drafter's prompt) go to the AMX kernel instead, where there is one:
+        from `AMX_DRAFT_ROWS` rows on it beats fbgemm's fused dynamic call despite its small ops."""
+        if self._onednn is not None and x.numel() >= AMX_DRAFT_ROWS * self.in_features:
+            return self._exact(x)
         drafted: torch.Tensor = torch.ops.quantized.linear_dynamic(x.to(torch.float32), self._packed, True)
+        drafted = drafted.mul_(self._scale32)
         return drafted if self.bias is None else drafted + self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _DYNAMIC.get():  # a drafter (`draft_kernels`)
             return self.dynamic(x)
-        rows = x.reshape(-1, self.in_features).to(torch.float32)
-        peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
-        out: torch.Tensor = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            rows / peak, 1.0 / 127.0, _QUINT8_ZERO, self._packed
-        )
-        out = out * peak
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return self._exact(x)
 
 
 class RowFloatLinear(nn.Module):

@@ -66,7 +66,7 @@ def test_draft_kernels_quantise_the_whole_input_at_once():
     exact = layer(x)
     with draft_kernels():
         drafted = layer(x)
-    expected = torch.ops.quantized.linear_dynamic(x, layer._packed, True) + layer.bias
+    expected = torch.ops.quantized.linear_dynamic(x, layer._packed, True) * layer.scale.float() + layer.bias
     assert torch.equal(drafted, expected)
     assert not torch.equal(drafted, exact)
     assert torch.equal(layer(x), exact)  # outside the block: the batch-invariant kernel again

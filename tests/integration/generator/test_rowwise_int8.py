@@ -1,0 +1,47 @@
+"""`RowInt8Linear`: a row's output does not depend on its batch or on which GEMM kernel ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wmark.generator import rowwise
+from wmark.generator.rowwise import AMX_MIN_ROWS, RowInt8Linear
+
+
+def _layer(seed: int, out: int = 40, inp: int = 96) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    weight, scale = RowInt8Linear.quantize(torch.randn(out, inp, generator=gen))
+    return weight, scale, torch.randn(out, generator=gen)
+
+
+def test_rows_alone_equal_rows_in_any_batch():
+    layer = RowInt8Linear(*_layer(0))
+    gen = torch.Generator().manual_seed(1)
+    # rows of very different magnitude: each is quantised with its own peak
+    x = torch.randn(17, 96, generator=gen) * torch.logspace(-3, 3, 17)[:, None]
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(17)])
+    for rows in (2, AMX_MIN_ROWS, 8, 17):  # below and above the kernel switch
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+
+
+def test_the_value_is_the_dequantised_product():
+    weight, scale, bias = _layer(2)
+    layer = RowInt8Linear(weight, scale, bias)
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(3))
+    peak = x.abs().amax(dim=1, keepdim=True)
+    q = torch.round(x / peak * 127)
+    expected = (q.double() @ weight.double().T) * scale * (peak.double() / 127) + bias.double()
+    # float32 rounding of an exact integer sum, times two float32 scales: a few ulps of the output
+    torch.testing.assert_close(layer(x).double(), expected, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.skipif(not rowwise.amx_available(), reason="this CPU has no AMX: one kernel only")
+def test_amx_and_fbgemm_give_the_same_bits(monkeypatch):
+    weight, scale, bias = _layer(4, out=300, inp=256)
+    with_amx = RowInt8Linear(weight, scale, bias)
+    monkeypatch.setattr(rowwise, "amx_available", lambda: False)
+    without = RowInt8Linear(weight, scale, bias)
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(with_amx(x), without(x))
+    assert with_amx.int8_weight()[0].equal(weight)
