@@ -9,6 +9,8 @@ chat template, whose special tokens the tokenizer.json maps to their IDs.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,14 +63,28 @@ def _load_model(source: Path | str, precision: str, device: str) -> PreTrainedMo
     hf_logging.disable_progress_bar()  # the CLI shows its own progress
     if precision == "int8" and isinstance(source, Path) and gguf_int8.has_int8(source):
         model = gguf_int8.load(source)  # converted straight from GGUF: no float32 weights anywhere
-        return prepare_model(model, precision, device, int8_cache=source / gguf_int8.INT8_FILE)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
-    except (OSError, ValueError) as exc:
-        raise BackendError(f"cannot load a model from {source}: {exc}") from exc
-    return prepare_model(
-        model, precision, device, int8_cache=_int8_cache(source) if precision == "int8" else None
-    )
+        model = prepare_model(model, precision, device, int8_cache=source / gguf_int8.INT8_FILE)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"cannot load a model from {source}: {exc}") from exc
+        model = prepare_model(
+            model, precision, device, int8_cache=_int8_cache(source) if precision == "int8" else None
+        )
+    _return_freed_memory()
+    return model
+
+
+def _return_freed_memory() -> None:
+    """Give the heap that loading freed back to the OS (glibc keeps it otherwise).
+
+    Converting to int8 and fusing projections free the file's tensors and the unfused layers,
+    but glibc's allocator keeps those pages: the loaded embedded pair stayed at 7.7 GB resident
+    (11.1 GB with the AMX packings) where `malloc_trim` brings it to 6.5 GB (8.5 GB).
+    """
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _int8_cache(source: Path | str) -> Path | None:
