@@ -46,6 +46,7 @@ __all__ = [
     "sentence_case",
     "text_variants",
     "unwrap",
+    "warm_tables",
 ]
 
 # A sentence starts after the text's start, a full stop (and closing quotes or emphasis) and
@@ -202,6 +203,13 @@ def edit_marks(text: str) -> bool:
     if _COMPAT_MARKS.search(text) or not unicodedata.is_normalized("NFC", text):
         return True
     return _stray_invisible(text) or _mixed_word(text)
+
+
+def warm_tables() -> None:
+    """Build the Unicode tables and regular expressions that `edit_marks` and the canonical
+    reading build on first use (~0.1 s): a service calls this at start-up, not on a request."""
+    _invisible(), _mixed_word_bmp(), _mixed_word_astral()
+    canonical_text("\uff37\u0430rm\u200b")  # a fullwidth letter, a look-alike, an invisible
 
 
 def _stray_invisible(text: str) -> bool:

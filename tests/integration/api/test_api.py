@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text as sql_text
 
 from wmark.api import Settings, create_app
-from wmark.detector import Detector
+from wmark.detector import Detector, normalize, readings
 from wmark.keys import KeyInfo, KeyRegistry, RegistryConfig
 from wmark.keys.tokens import ROLES
 
@@ -286,12 +286,17 @@ def test_keys_that_keep_changing_under_a_request_refuse_it_unanswered(api, plant
 def test_detector_is_built_at_start_up(registry_config, word_tokenizer_json):
     with KeyRegistry.open(registry_config) as reg:
         reg.create_key("k", reg.add_tokenizer(word_tokenizer_json, "words"))
+    tables = (normalize._ascii_fold, readings._invisible)
+    tables += (readings._mixed_word_bmp, readings._mixed_word_astral)
+    for table in tables:  # earlier tests in this process may have built them
+        table.cache_clear()
     with TestClient(create_app(_settings(registry_config))) as client:
         cache = client.app.state.service.detectors
         assert cache.builds == 1  # before any request: no first-request latency spike
         detector = cache.get().detector
         tokenizer = detector.tokenizer(detector.keys[0].spec.tokenizer.sha256)
         assert "splice_tables" in vars(tokenizer)  # built (None for this tokenizer), not on a request
+        assert all(table.cache_info().currsize == 1 for table in tables)  # the normaliser's too
         assert client.get("/metrics").status_code == 401
 
 
