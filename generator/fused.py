@@ -52,6 +52,7 @@ class FusedGroup:
                 ]
             )
         self.linear = RowInt8Linear(weight, scale, bias)
+        self.linear.pack()  # not a submodule of the model: `pack_int8` would not find it
         self.members = len(layers)
         # (input, output) of the last call, swapped as one tuple: a forward on another thread can
         # only replace it, never pair one call's input with another's output.

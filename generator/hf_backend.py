@@ -29,6 +29,7 @@ from wmark.generator.rowwise import (
     ATTENTION_NAME,
     convert_linears,
     draft_kernels,
+    pack_int8,
     rowwise_attention,
     stock_attention,
 )
@@ -53,6 +54,7 @@ def prepare_model(
         convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
         if precision == "int8":
             fuse_projections(model)  # q/k/v and gate/up as one GEMM each: same numbers, less overhead
+            pack_int8(model)
         model.config._attn_implementation = ATTENTION_NAME
         for sub in model.modules():  # every layer reads the implementation from its config
             if hasattr(sub, "config"):

@@ -47,6 +47,7 @@ __all__ = [
     "RowInt8Linear",
     "convert_linears",
     "draft_kernels",
+    "pack_int8",
     "rowwise_attention",
     "stock_attention",
 ]
@@ -116,7 +117,7 @@ class RowInt8Linear(nn.Module):
     peak in torch. The GEMM is fbgemm's for 1-2 rows and oneDNN's AMX kernel for more rows where
     the CPU has AMX (`AMX_MIN_ROWS`): both return the exact integer sum as float32, so a row's
     output is bit for bit the same whichever kernel ran and however many rows rode along.
-    With AMX the weights are held twice (once per kernel's packing): the price of verify rows
+    With AMX the packed weights are held twice (once per kernel's packing): the price of verify rows
     that cost ~1.5 % of a forward each instead of ~6 %.
 
     Args:
@@ -127,26 +128,41 @@ class RowInt8Linear(nn.Module):
 
     def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
-        out_features = weight_int8.shape[0]
+        self._weight: torch.Tensor | None = weight_int8  # until `pack`: stacking or cutting needs no unpack
+        self._packed: Any = None
+        self._onednn: torch.Tensor | None = None
+        self._ones = self._zeros = torch.empty(0)
+        self.scale = scale.detach().to(torch.float64)
+        self._scale32 = self.scale.to(torch.float32)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.out_features, self.in_features = weight_int8.shape
+
+    def pack(self) -> None:
+        """Pack the weights for the GEMM kernels (done on first use; `pack_int8` does it at load).
+
+        Packing is most of a model's load time (fbgemm ~50 ms per projection), so layers that
+        `fuse_projections` stacks are never packed on their own.
+        """
+        weight = self._weight
+        if weight is None:
+            return
         with warnings.catch_warnings():
             # torch 2.13 deprecates quantized tensor *creation* (pytorch#184982); the fbgemm kernels
             # stay. When it is removed this needs torchao's int8 kernels instead.
             warnings.filterwarnings("ignore", message=".*quantized tensor creation.*", category=UserWarning)
             # Unit scales: the kernel returns the integer sums themselves, scaled below in torch.
             qweight = torch._make_per_channel_quantized_tensor(
-                weight_int8,
-                torch.ones(out_features, dtype=torch.float64),
-                torch.zeros(out_features, dtype=torch.int64),
+                weight,
+                torch.ones(self.out_features, dtype=torch.float64),
+                torch.zeros(self.out_features, dtype=torch.int64),
                 0,
             )
             self._packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self._onednn = torch.ops.onednn.qlinear_prepack(weight_int8, None) if amx_available() else None
-        self._ones = torch.ones(out_features) if self._onednn is not None else None
-        self._zeros = torch.zeros(out_features, dtype=torch.int64) if self._onednn is not None else None
-        self.scale = scale.detach().to(torch.float64)
-        self._scale32 = self.scale.to(torch.float32)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-        self.out_features, self.in_features = weight_int8.shape
+        if amx_available():
+            self._onednn = torch.ops.onednn.qlinear_prepack(weight, None)
+            self._ones = torch.ones(self.out_features)
+            self._zeros = torch.zeros(self.out_features, dtype=torch.int64)
+        self._weight = None
 
     @staticmethod
     def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,11 +179,14 @@ class RowInt8Linear(nn.Module):
 
     def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight_int8, scale) as given to the constructor (to stack or cut layers)."""
+        if self._weight is not None:
+            return self._weight, self.scale
         qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
         return qweight.int_repr(), self.scale
 
     def _sums(self, q: torch.Tensor) -> torch.Tensor:
         """Exact integer sums q . W^T as float32, for integer-valued float rows q in [-127, 127]."""
+        self.pack()
         if self._onednn is not None and q.shape[0] >= AMX_MIN_ROWS:
             sums: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
                 q.add(_QUINT8_ZERO).to(torch.uint8),
@@ -204,6 +223,7 @@ class RowInt8Linear(nn.Module):
         cheaper, not batch-invariant; what `draft_kernels` selects, for a model that only drafts.
         Many rows at once (a drafter's prompt) go to the AMX kernel instead, where there is one:
         from `AMX_DRAFT_ROWS` rows on it beats fbgemm's fused dynamic call despite its small ops."""
+        self.pack()
         if self._onednn is not None and x.numel() >= AMX_DRAFT_ROWS * self.in_features:
             return self._exact(x)
         drafted: torch.Tensor = torch.ops.quantized.linear_dynamic(x.to(torch.float32), self._packed, True)
@@ -232,6 +252,13 @@ class RowFloatLinear(nn.Module):
             [nn.functional.linear(rows[i : i + 1], self.weight, self.bias) for i in range(rows.shape[0])]
         )
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
+
+
+def pack_int8(model: nn.Module) -> None:
+    """Pack every `RowInt8Linear` of `model` now, so that no forward pays for it."""
+    for module in model.modules():
+        if isinstance(module, RowInt8Linear):
+            module.pack()
 
 
 def convert_linears(model: nn.Module, kind: str, int8_cache: Path | None = None) -> int:

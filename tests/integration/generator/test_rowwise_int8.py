@@ -45,3 +45,12 @@ def test_amx_and_fbgemm_give_the_same_bits(monkeypatch):
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(5))
     assert torch.equal(with_amx(x), without(x))
     assert with_amx.int8_weight()[0].equal(weight)
+
+
+def test_packing_waits_for_first_use():
+    weight, scale, bias = _layer(6)
+    layer = RowInt8Linear(weight, scale, bias)
+    assert layer._packed is None and layer.int8_weight()[0] is weight  # stacking needs no unpack
+    out = layer(torch.randn(2, 96, generator=torch.Generator().manual_seed(7)))
+    assert out.shape == (2, 40) and layer._packed is not None
+    assert layer.int8_weight()[0].equal(weight)  # the same weights back from the packing
