@@ -85,7 +85,29 @@ def draft_kernels() -> Iterator[None]:
         _STOCK.reset(stock)
 
 
-_QUINT8_ZERO = 128  # symmetric activations in quint8: q = round(127 x / peak) + 128
+@functools.cache
+def activation_levels() -> int:
+    """The largest |q| of a quantised activation that fbgemm sums exactly on this CPU: 127 or 63.
+
+    Without VNNI (AVX2 CPUs), fbgemm multiplies unsigned 8-bit activations by signed 8-bit
+    weights with `vpmaddubsw`, which adds each pair of products into a saturating int16:
+    255 * 127 * 2 overflows it, so full 8-bit activations (q + 128 in [1, 255]) get wrong sums
+    (measured on an AVX2 EPYC: 8,160 for 1,032,256). Activations of 7 bits (q in [-63, 63],
+    stored as q + 64 in [1, 127]) cannot overflow (127 * 127 * 2 < 2^15); that is what PyTorch's
+    `reduce_range` does for the same reason. A probe of the worst case decides, once per process.
+    """
+    weight = torch.full((8, 64), 127, dtype=torch.int8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation.*", category=UserWarning)
+        qweight = torch._make_per_channel_quantized_tensor(
+            weight, torch.ones(8, dtype=torch.float64), torch.zeros(8, dtype=torch.int64), 0
+        )
+        packed = torch.ops.quantized.linear_prepack(qweight, None)
+    worst = torch.full((1, 64), 127.0)
+    sums = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(worst, 1.0, 128, packed)
+    return 127 if bool((sums == 127.0 * 127 * 64).all()) else 63
+
+
 AMX_MIN_ROWS = 3
 """From this many rows on, `RowInt8Linear` runs oneDNN's AMX GEMM where the CPU has AMX.
 
@@ -112,7 +134,8 @@ def amx_available() -> bool:
 class RowInt8Linear(nn.Module):
     """Linear layer with int8 weights and per-row int8 activations (batch-invariant).
 
-    Each row is quantised with its own peak (q = round(127 x / peak)), the integer products are
+    Each row is quantised with its own peak (q = round(levels x / peak), levels = 127, or 63 on CPUs
+    whose fbgemm kernel would saturate: `activation_levels`), the integer products are
     accumulated exactly, and the float accumulator is scaled by the channel's scale and the row's
     peak in torch. The GEMM is fbgemm's for 1-2 rows and oneDNN's AMX kernel for more rows where
     the CPU has AMX (`AMX_MIN_ROWS`): both return the exact integer sum as float32, so a row's
@@ -185,13 +208,14 @@ class RowInt8Linear(nn.Module):
         return qweight.int_repr(), self.scale
 
     def _sums(self, q: torch.Tensor) -> torch.Tensor:
-        """Exact integer sums q . W^T as float32, for integer-valued float rows q in [-127, 127]."""
+        """Exact integer sums q . W^T as float32, for integer-valued float rows q in [-levels, levels]."""
         self.pack()
+        zero = activation_levels() + 1  # q + zero is unsigned: [1, 255] or [1, 127]
         if self._onednn is not None and q.shape[0] >= AMX_MIN_ROWS:
             sums: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
-                q.add(_QUINT8_ZERO).to(torch.uint8),
+                q.add(zero).to(torch.uint8),
                 1.0,
-                _QUINT8_ZERO,
+                zero,
                 self._onednn,
                 self._ones,
                 self._zeros,
@@ -204,16 +228,15 @@ class RowInt8Linear(nn.Module):
                 "",
             )
             return sums
-        # fbgemm quantises its float input with scale 1 and zero point 128: q itself, exactly.
-        sums = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            q, 1.0, _QUINT8_ZERO, self._packed
-        )
+        # fbgemm quantises its float input with scale 1 and the zero point: q itself, exactly.
+        sums = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, zero, self._packed)
         return sums
 
     def _exact(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.float32)
         peak = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
-        out = self._sums(torch.round(rows * (127.0 / peak))).mul_(self._scale32).mul_(peak / 127.0)
+        levels = float(activation_levels())
+        out = self._sums(torch.round(rows * (levels / peak))).mul_(self._scale32).mul_(peak / levels)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

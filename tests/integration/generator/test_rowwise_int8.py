@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from wmark.generator import rowwise
-from wmark.generator.rowwise import AMX_MIN_ROWS, RowInt8Linear
+from wmark.generator.rowwise import AMX_MIN_ROWS, RowInt8Linear, activation_levels
 
 
 def _layer(seed: int, out: int = 40, inp: int = 96) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -30,10 +30,27 @@ def test_the_value_is_the_dequantised_product():
     layer = RowInt8Linear(weight, scale, bias)
     x = torch.randn(5, 96, generator=torch.Generator().manual_seed(3))
     peak = x.abs().amax(dim=1, keepdim=True)
-    q = torch.round(x / peak * 127)
-    expected = (q.double() @ weight.double().T) * scale * (peak.double() / 127) + bias.double()
+    levels = activation_levels()
+    q = torch.round(x * (levels / peak))
+    expected = (q.double() @ weight.double().T) * scale * (peak.double() / levels) + bias.double()
     # float32 rounding of an exact integer sum, times two float32 scales: a few ulps of the output
     torch.testing.assert_close(layer(x).double(), expected, rtol=1e-6, atol=1e-5)
+
+
+def test_the_largest_products_do_not_saturate():
+    """All weights and activations at their extremes: fbgemm without VNNI adds pairs of products
+    into a saturating int16, which 8-bit activations overflow (`activation_levels` then picks 7)."""
+    weight = torch.full((16, 256), 127, dtype=torch.int8)
+    weight[1::2] = -127
+    layer = RowInt8Linear(weight, torch.ones(16, dtype=torch.float64), None)
+    x = torch.ones(AMX_MIN_ROWS + 1, 256)
+    x[1] = -1.0
+    for rows in (1, 2, AMX_MIN_ROWS + 1):  # both kernels where there are two
+        out = layer(x[:rows])
+        expected = x[:rows, :1] * torch.tensor([256.0 * 127, -256.0 * 127] * 8)
+        # exact integer sums, times the float32 scales peak / levels and levels / peak: ~1e-7 off
+        # (a saturated sum is off by orders of magnitude: 8,160 for 1,032,256 in the probe's case)
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=0, msg=str(rows))
 
 
 @pytest.mark.skipif(not rowwise.amx_available(), reason="this CPU has no AMX: one kernel only")
