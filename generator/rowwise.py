@@ -41,6 +41,8 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from wmark.generator import _tree_attention
+
 __all__ = [
     "ATTENTION_NAME",
     "RowFloatLinear",
@@ -358,16 +360,22 @@ def rowwise_attention(
         )
         return out.transpose(1, 2).contiguous(), None
     _, heads, n_query, dim = query.shape
-    kv_heads = key.shape[1]
-    # Query heads sharing a key/value head (GQA) form one small matrix per group: no copy of the
-    # cache per query head, and always the same (group, dim) x (dim, n) shape for a given row.
-    grouped = query.view(1, kv_heads, heads // kv_heads, n_query, dim)
-    visible = attention_mask[0, 0] == 0  # (q, kv)
-    rows = []
-    for i in range(n_query):
-        idx = visible[i].nonzero().squeeze(1)
-        k, v = key.index_select(2, idx), value.index_select(2, idx)  # (1, kv_heads, n, dim)
-        weights = torch.matmul(grouped[:, :, :, i], k.transpose(2, 3)) * scaling  # (1, kv_heads, g, n)
-        weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
-        rows.append(torch.matmul(weights, v).reshape(1, heads, 1, dim))
-    return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
+    kv_heads, n_keys = key.shape[1], key.shape[2]
+    if query.dtype != torch.float32 or query.device.type != "cpu":
+        raise ValueError("rowwise attention runs in float32 on the CPU")
+    visible = (attention_mask[0, 0] == 0).to(torch.uint8)  # (q, kv)
+    out = torch.empty(1, n_query, heads, dim)
+    _tree_attention.attend(
+        query[0].contiguous().numpy(),
+        key[0].contiguous().numpy(),
+        value[0].contiguous().numpy(),
+        visible.contiguous().numpy(),
+        out.numpy(),
+        heads,
+        kv_heads,
+        n_query,
+        n_keys,
+        dim,
+        scaling,
+    )
+    return out, None
