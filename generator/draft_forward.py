@@ -5,9 +5,10 @@ about 13 ms on this CPU, but the whole call took ~23 ms: transformers' generic d
 and cache bookkeeping, rotary tables rebuilt per call, GQA keys copied per query head,
 per-module hooks and output records) costs almost as much as the weights. `LeanDecoder` runs
 the same layers of a Qwen2/Llama-style model directly: RMSNorm as one fused op, the rotary
-angles once per call, attention as one SDPA call per layer that shares key/value heads
-(`enable_gqa`), and the session's `DynamicCache` updated as transformers does, so the session
-code is unchanged.
+angles once per call, attention through wmark's tree kernel (`rowwise.tree_attention`) for a
+level's few rows and one SDPA call per layer that shares key/value heads (`enable_gqa`) for a
+prompt, and the session's `DynamicCache` updated as transformers does, so the session code is
+unchanged.
 
 Only a drafter runs it (`HFModel.lean`, set by `wmark.generator.drafters.build_drafter` for a
 model that only drafts). Its numbers differ from transformers' in the last bits, which changes
@@ -24,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from wmark.generator.fused import stacked_layer
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.rowwise import RowInt8Linear, tree_attention
 
 __all__ = ["LeanDecoder", "lean_decoder"]
 
@@ -34,6 +35,7 @@ _MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
 Projection = Callable[[torch.Tensor], Sequence[torch.Tensor]]
+_KERNEL_ROWS = 32  # forwards of at most this many rows attend through `tree_attention`
 
 
 def _projection(members: list[Any]) -> Projection:
@@ -103,6 +105,9 @@ class LeanDecoder:
         """
         x = self.embed(input_ids).to(torch.float32)
         n = x.shape[1]
+        # a drafter level (few rows) attends through wmark's tree kernel, the prompt (many rows)
+        # through SDPA, whose blocked kernel wins there
+        visible = (attention_mask[0, 0] == 0).to(torch.uint8).contiguous() if n <= _KERNEL_ROWS else None
         angles = position_ids[0].to(torch.float32)[:, None] * self.inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
@@ -115,10 +120,13 @@ class LeanDecoder:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k, v = cache.update(k, v, index)
-            out = nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=True
-            )
-            x = x + self.o[index](out.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))[0]
+            if visible is not None:
+                out = tree_attention(q, k, v, visible, self.scaling)  # (1, n, heads, d)
+            else:
+                out = nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=True
+                ).transpose(1, 2)
+            x = x + self.o[index](out.reshape(1, n, self.heads * self.head_dim))[0]
             h = self._rms(x, layer.post_attention_layernorm)
             gate, up = self.gate_up[index](h)
             x = x + self.down[index](nn.functional.silu(gate) * up)[0]

@@ -52,6 +52,7 @@ __all__ = [
     "pack_int8",
     "rowwise_attention",
     "stock_attention",
+    "tree_attention",
 ]
 
 ATTENTION_NAME = "wmark_rowwise"
@@ -359,17 +360,49 @@ def rowwise_attention(
             query, key, value, attn_mask=attention_mask, scale=scaling
         )
         return out.transpose(1, 2).contiguous(), None
+    return tree_attention(query, key, value, _visible(attention_mask), scaling), None
+
+
+_LAST_MASK: list[tuple[torch.Tensor, torch.Tensor]] = []  # (mask, visible) of the last call
+
+
+def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(q, kv) uint8, 1 where the additive 4D mask lets a row see a key. Every layer of a forward
+    gets the same mask tensor (each forward builds its own: `HFSession.extend`), so the last
+    one's answer is kept and reused while the same tensor comes back."""
+    last = _LAST_MASK[0] if _LAST_MASK else None  # one read: another thread may replace it
+    if last is not None and last[0] is attention_mask:
+        return last[1]
+    visible = (attention_mask[0, 0] == 0).to(torch.uint8).contiguous()
+    _LAST_MASK[:] = [(attention_mask, visible)]
+    return visible
+
+
+def tree_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """Each query row's attention over exactly its visible keys, in cache order (the C kernel of
+    `wmark.generator._tree_attention`): a row's numbers depend on its query and those keys only.
+
+    Args:
+        query: (1, heads, q, d) float32 on the CPU (any strides).
+        key, value: (1, kv_heads, kv, d), heads a multiple of kv_heads (GQA).
+        visible: (q, kv) uint8, nonzero where a row sees a key.
+        scaling: the factor of the scores (1/sqrt(d)).
+
+    Returns:
+        (1, q, heads, d) float32.
+    """
     _, heads, n_query, dim = query.shape
     kv_heads, n_keys = key.shape[1], key.shape[2]
     if query.dtype != torch.float32 or query.device.type != "cpu":
         raise ValueError("rowwise attention runs in float32 on the CPU")
-    visible = (attention_mask[0, 0] == 0).to(torch.uint8)  # (q, kv)
     out = torch.empty(1, n_query, heads, dim)
     _tree_attention.attend(
         query[0].contiguous().numpy(),
         key[0].contiguous().numpy(),
         value[0].contiguous().numpy(),
-        visible.contiguous().numpy(),
+        visible.numpy(),
         out.numpy(),
         heads,
         kv_heads,
@@ -378,4 +411,4 @@ def rowwise_attention(
         dim,
         scaling,
     )
-    return out, None
+    return out
