@@ -150,3 +150,20 @@ def test_quantising_in_row_chunks_equals_quantising_the_whole_matrix(gguf_file):
     for chunk in (7, 64, 10_000):  # uneven, exact, larger than the matrix
         q, scale = gguf_int8._quantize_rows(tensor.data, tensor.tensor_type, chunk=chunk)
         assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
+
+
+def test_the_embedding_stays_encoded_and_its_rows_are_the_dequantised_table(gguf_file, tmp_path):
+    from gguf import dequantize
+
+    out = tmp_path / "lean"
+    out.mkdir()
+    gguf_int8.convert(gguf_file, out)
+    model = gguf_int8.load(out)
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, gguf_int8.GGUFEmbedding)
+    assert not any("embed_tokens" in name for name, _ in model.named_parameters())  # no float table
+    table = torch.from_numpy(np.asarray(dequantize(embedding.raw, embedding.encoding), dtype=np.float32))
+    ids = torch.tensor([[5, 0, 5, embedding.num_embeddings - 1]])
+    rows = embedding(ids)
+    assert rows.shape == (1, 4, embedding.embedding_dim) and rows.dtype == torch.float32
+    assert torch.equal(rows[0], table[ids[0]])
