@@ -24,7 +24,7 @@ from torch import nn
 
 from wmark.generator.rowwise import RowInt8Linear
 
-__all__ = ["GROUPS", "FusedGroup", "fuse_projections", "stacked_layer"]
+__all__ = ["GROUPS", "FusedGroup", "fuse_projections", "int8_layers", "stacked_layer"]
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """Sibling layers that read the same input in a Qwen2 / Llama decoder layer."""
@@ -51,8 +51,7 @@ class FusedGroup:
                     for b, layer in zip(biases, layers, strict=True)
                 ]
             )
-        self.linear = RowInt8Linear(weight, scale, bias)
-        self.linear.pack()  # not a submodule of the model: `pack_int8` would not find it
+        self.linear = RowInt8Linear(weight, scale, bias)  # not a submodule: see `int8_layers`
         self.members = len(layers)
         # (input, output) of the last call, swapped as one tuple: a forward on another thread can
         # only replace it, never pair one call's input with another's output.
@@ -107,6 +106,17 @@ def fuse_projections(model: nn.Module) -> int:
                 start += layer.out_features
             fused += 1
     return fused
+
+
+def int8_layers(model: nn.Module) -> list[RowInt8Linear]:
+    """Every `RowInt8Linear` that `model`'s forward runs: its own and its fused groups' (which are
+    no submodules: the group is shared by its members' `_Slice`s), each once."""
+    found: dict[int, RowInt8Linear] = {}
+    for module in model.modules():
+        layer = module.group.linear if isinstance(module, _Slice) else module
+        if isinstance(layer, RowInt8Linear):
+            found.setdefault(id(layer), layer)
+    return list(found.values())
 
 
 def stacked_layer(members: list[nn.Module]) -> RowInt8Linear | None:

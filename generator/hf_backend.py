@@ -24,7 +24,7 @@ from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 from wmark.errors import BackendError
 from wmark.generator.backend import NodeTable
 from wmark.generator.draft_forward import LeanDecoder
-from wmark.generator.fused import fuse_projections
+from wmark.generator.fused import fuse_projections, int8_layers
 from wmark.generator.rowwise import (
     ATTENTION_NAME,
     convert_linears,
@@ -54,7 +54,7 @@ def prepare_model(
         convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
         if precision == "int8":
             fuse_projections(model)  # q/k/v and gate/up as one GEMM each: same numbers, less overhead
-            pack_int8(model)
+            pack_int8(int8_layers(model), workers=torch.get_num_threads())
         model.config._attn_implementation = ATTENTION_NAME
         for sub in model.modules():  # every layer reads the implementation from its config
             if hasattr(sub, "config"):

@@ -11,9 +11,9 @@ import torch
 import wmark.generator.hf_backend as hf_backend
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.generator.engine import SamplerConfig, generate
-from wmark.generator.fused import FusedGroup, _Slice, fuse_projections
+from wmark.generator.fused import FusedGroup, _Slice, fuse_projections, int8_layers
 from wmark.generator.hf_backend import HFModel, prepare_model
-from wmark.generator.rowwise import RowInt8Linear, draft_kernels
+from wmark.generator.rowwise import RowInt8Linear, convert_linears, draft_kernels, pack_int8
 
 EOS = frozenset({0})
 PROMPT = [17, 42, 99, 3, 250, 7, 128, 64, 5, 17, 42, 99]
@@ -66,7 +66,8 @@ def test_draft_kernels_quantise_the_whole_input_at_once():
     exact = layer(x)
     with draft_kernels():
         drafted = layer(x)
-    expected = torch.ops.quantized.linear_dynamic(x, layer._packed, True) * layer.scale.float() + layer.bias
+    (packed,) = layer._packed
+    expected = torch.ops.quantized.linear_dynamic(x, packed, True) * layer.scale.float() + layer.bias
     assert torch.equal(drafted, expected)
     assert not torch.equal(drafted, exact)
     assert torch.equal(layer(x), exact)  # outside the block: the batch-invariant kernel again
@@ -98,3 +99,17 @@ def test_int8_drafter_on_draft_kernels_keeps_the_text(tiny_qwen):
     drafter.exact_attention = True
     exact, _ = drafter.session(PROMPT).extend([], [])
     assert not torch.equal(drafted, exact)  # its forwards really ran the draft kernels
+
+
+def test_packing_on_threads_packs_every_layer_the_forward_runs(tiny_qwen):
+    model = prepare_model(tiny_qwen(0), "exact-fp32", "cpu")  # float layers: nothing to pack
+    assert int8_layers(model) == []
+    model = tiny_qwen(0).to(torch.float32)
+    convert_linears(model, "int8")
+    fuse_projections(model)
+    layers = int8_layers(model)
+    assert all(layer._packed is None for layer in layers)
+    # per decoder layer: the q/k/v group, o, the gate/up group, down; and the output layer
+    assert len(layers) == 4 * model.config.num_hidden_layers + 1
+    pack_int8(layers, workers=2)
+    assert all(layer._packed is not None for layer in layers)

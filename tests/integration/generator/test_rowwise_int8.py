@@ -71,3 +71,18 @@ def test_packing_waits_for_first_use():
     out = layer(torch.randn(2, 96, generator=torch.Generator().manual_seed(7)))
     assert out.shape == (2, 40) and layer._packed is not None
     assert layer.int8_weight()[0].equal(weight)  # the same weights back from the packing
+
+
+def test_a_layer_packed_in_pieces_gives_the_bits_of_one_piece(monkeypatch):
+    weight, scale, bias = _layer(8, out=50, inp=64)
+    whole = RowInt8Linear(weight, scale, bias)
+    whole.pack()
+    assert whole._packed is not None and len(whole._packed) == 1
+    monkeypatch.setattr(rowwise, "PACK_ROWS", 16)  # 50 output channels: pieces of 16, 16, 16 and 2
+    pieces = RowInt8Linear(weight, scale, bias)
+    pieces.pack()
+    assert pieces._packed is not None and len(pieces._packed) == 4
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(pieces(x), whole(x))
+    assert torch.equal(pieces.dynamic(x), whole.dynamic(x))
+    assert pieces.int8_weight()[0].equal(weight)
