@@ -8,7 +8,8 @@ GGUF one tensor at a time instead:
   channel by `RowInt8Linear.quantize`, into `int8.safetensors` under the names `convert_linears`
   reads, so these are exactly the numbers the float32 route would produce;
 - the token embedding keeps its GGUF encoding (raw blocks, about a tenth of float32) and is
-  dequantised on load, so its values are exactly those of the float32 route too;
+  dequantised row by row as a forward looks tokens up (`GGUFEmbedding`), so its values are exactly
+  those of the float32 route too;
 - norms and biases (a few MB) are stored as float32 in `dense.safetensors`.
 
 `load` builds the model without initialising its weights and fills it from those files: the

@@ -11,9 +11,10 @@ text would then depend on the drafter. These kernels remove that:
   so no row sees another. On this CPU it is also ~5-10x faster
   than float32 for the 1-17 rows of a speculative block (docs/architecture.md §7 has the measurements).
 - `RowFloatLinear`: float32, one GEMV per row (exact but slow; for small test models).
-- `rowwise_attention`: each query row attends to exactly its visible keys (gathered in cache
-  order, which equals position order along a path) with the same one-row kernel, so a tree
-  row and the same context decoded alone compute identical numbers.
+- `rowwise_attention`: each query row attends to exactly its visible keys (in cache order, which
+  equals position order along a path) through the C kernel `_tree_attention`, whose result for a
+  row depends on that row's query and keys only, so a tree row and the same context decoded
+  alone compute identical numbers.
 RMSNorm, rotary embeddings, activations and residuals are row-local already.
 
 The prompt is the exception: every session fills the cache with the prompt (minus its last
@@ -369,7 +370,8 @@ def rowwise_attention(
     dropout: float = 0.0,  # noqa: ARG001 - inference only
     **kwargs: Any,  # noqa: ARG001 - the attention interface passes extras we do not use
 ) -> tuple[torch.Tensor, None]:
-    """Attention with one query row at a time over exactly its visible keys.
+    """Attention of each query row over exactly its visible keys (`tree_attention`; stock SDPA
+    under `stock_attention`).
 
     Args:
         module: the attention module (for `num_key_value_groups`).
