@@ -25,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from wmark.generator.fused import stacked_layer
-from wmark.generator.rowwise import RowInt8Linear, tree_attention
+from wmark.generator.rowwise import RowInt8Linear, tree_attention, visible_keys
 
 __all__ = ["LeanDecoder", "lean_decoder"]
 
@@ -107,7 +107,7 @@ class LeanDecoder:
         n = x.shape[1]
         # a drafter level (few rows) attends through wmark's tree kernel, the prompt (many rows)
         # through SDPA, whose blocked kernel wins there
-        visible = (attention_mask[0, 0] == 0).to(torch.uint8).contiguous() if n <= _KERNEL_ROWS else None
+        visible = visible_keys(attention_mask) if n <= _KERNEL_ROWS else None
         angles = position_ids[0].to(torch.float32)[:, None] * self.inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale

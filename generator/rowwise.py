@@ -55,6 +55,7 @@ __all__ = [
     "rowwise_attention",
     "stock_attention",
     "tree_attention",
+    "visible_keys",
 ]
 
 ATTENTION_NAME = "wmark_rowwise"
@@ -392,13 +393,13 @@ def rowwise_attention(
             query, key, value, attn_mask=attention_mask, scale=scaling
         )
         return out.transpose(1, 2).contiguous(), None
-    return tree_attention(query, key, value, _visible(attention_mask), scaling), None
+    return tree_attention(query, key, value, visible_keys(attention_mask), scaling), None
 
 
 _LAST_MASK: list[tuple[torch.Tensor, torch.Tensor]] = []  # (mask, visible) of the last call
 
 
-def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
+def visible_keys(attention_mask: torch.Tensor) -> torch.Tensor:
     """(q, kv) uint8, 1 where the additive 4D mask lets a row see a key. Every layer of a forward
     gets the same mask tensor (each forward builds its own: `HFSession.extend`), so the last
     one's answer is kept and reused while the same tensor comes back."""
