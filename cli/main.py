@@ -16,6 +16,7 @@ from wmark.cli import serve as serve_cmd
 from wmark.cli import tokens as tokens_cmd
 from wmark.cli.common import WmarkGroup
 from wmark.generator.cpu_threads import prefer_passive_wait
+from wmark.generator.huge_pages import prefer_huge_pages
 
 app = typer.Typer(
     name="wmark",
@@ -59,4 +60,5 @@ def root(
 def main() -> None:
     """Console-script entry point."""
     prefer_passive_wait()  # before any command imports torch (OpenMP reads it only then)
+    prefer_huge_pages()  # likewise: torch's allocator reads it at its first allocation
     app()
