@@ -93,25 +93,28 @@ def draft_kernels() -> Iterator[None]:
 
 @functools.cache
 def activation_levels() -> int:
-    """The largest |q| of a quantised activation that fbgemm sums exactly on this CPU: 127 or 63.
+    """The largest |q| of a quantised activation that every int8 kernel sums exactly here: 127 or 63.
 
     Without VNNI (AVX2 CPUs), fbgemm multiplies unsigned 8-bit activations by signed 8-bit
     weights with `vpmaddubsw`, which adds each pair of products into a saturating int16:
     255 * 127 * 2 overflows it, so full 8-bit activations (q + 128 in [1, 255]) get wrong sums
     (measured on an AVX2 EPYC: 8,160 for 1,032,256). Activations of 7 bits (q in [-63, 63],
     stored as q + 64 in [1, 127]) cannot overflow (127 * 127 * 2 < 2^15); that is what PyTorch's
-    `reduce_range` does for the same reason. A probe of the worst case decides, once per process.
+    `reduce_range` does for the same reason. (oneDNN sums 8-bit activations exactly on that CPU,
+    but a layer can run either kernel, so it is probed too and the levels suit both.) A probe of
+    the worst case decides, once per process.
     """
-    weight = torch.full((8, 64), 127, dtype=torch.int8)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation.*", category=UserWarning)
-        qweight = torch._make_per_channel_quantized_tensor(
-            weight, torch.ones(8, dtype=torch.float64), torch.zeros(8, dtype=torch.int64), 0
-        )
-        packed = torch.ops.quantized.linear_prepack(qweight, None)
+    layer = RowInt8Linear(
+        torch.full((8, 64), 127, dtype=torch.int8), torch.ones(8, dtype=torch.float64), None
+    )
     worst = torch.full((1, 64), 127.0)
-    sums = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(worst, 1.0, 128, packed)
-    return 127 if bool((sums == 127.0 * 127 * 64).all()) else 63
+    exact = 127.0 * 127 * 64
+    fbgemm = _fbgemm_sums(worst, 128, layer.fbgemm_packing())
+    if not bool((fbgemm == exact).all()):
+        return 63
+    if onednn_available() and not bool((_onednn_sums(worst, 128, layer.onednn_packing()) == exact).all()):
+        return 63
+    return 127
 
 
 AMX_MIN_ROWS = 3
@@ -132,13 +135,58 @@ def _joined(parts: Iterable[torch.Tensor]) -> torch.Tensor:
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
 
 
+def _fbgemm_sums(q: torch.Tensor, zero: int, packed: list[Any]) -> torch.Tensor:
+    """fbgemm's exact sums: it quantises its float input with scale 1 and `zero`, so q exactly."""
+    return _joined(
+        torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, zero, piece)
+        for piece in packed
+    )
+
+
+def _onednn_sums(q: torch.Tensor, zero: int, packed: torch.Tensor) -> torch.Tensor:
+    """oneDNN's exact sums of unsigned activations q + `zero` against the packed weights."""
+    out = packed.shape[1]
+    sums: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
+        q.add(zero).to(torch.uint8),
+        1.0,
+        zero,
+        packed,
+        _unit_scales(out),
+        _zero_points(out),
+        None,
+        1.0,
+        0,
+        torch.float32,
+        "none",
+        [],
+        "",
+    )
+    return sums
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_scales(out: int) -> torch.Tensor:
+    return torch.ones(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _zero_points(out: int) -> torch.Tensor:
+    return torch.zeros(out, dtype=torch.int64)
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether torch was built with oneDNN's int8 linear (the x86 wheels are)."""
+    mkldnn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    return bool(mkldnn and hasattr(torch.ops.onednn, "qlinear_prepack"))
+
+
 @functools.cache
 def amx_available() -> bool:
     """Whether this CPU has AMX tiles and torch has oneDNN's int8 linear (WMARK_INT8_AMX=0: never)."""
     if os.environ.get("WMARK_INT8_AMX", "1") == "0":
         return False
-    mkldnn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
-    if not mkldnn or not hasattr(torch.ops.onednn, "qlinear_prepack"):
+    if not onednn_available():
         return False
     init = getattr(torch._C._cpu, "_init_amx", None)  # asks the kernel for the tiles; False without AMX
     return bool(init()) if init is not None else False
@@ -150,11 +198,15 @@ class RowInt8Linear(nn.Module):
     Each row is quantised with its own peak (q = round(levels x / peak), levels = 127, or 63 on CPUs
     whose fbgemm kernel would saturate: `activation_levels`), the integer products are
     accumulated exactly, and the float accumulator is scaled by the channel's scale and the row's
-    peak in torch. The GEMM is fbgemm's for 1-2 rows and oneDNN's AMX kernel for more rows where
-    the CPU has AMX (`AMX_MIN_ROWS`): both return the exact integer sum as float32, so a row's
-    output is bit for bit the same whichever kernel ran and however many rows rode along.
-    With AMX the packed weights are held twice (once per kernel's packing): the price of verify rows
-    that cost ~1.5 % of a forward each instead of ~6 %.
+    peak in torch. Every kernel returns the exact integer sum as float32, so a row's output is
+    bit for bit the same whichever kernel ran and however many rows rode along.
+
+    The GEMM is fbgemm's, and oneDNN's AMX kernel from `AMX_MIN_ROWS` rows on where the CPU has
+    AMX; the layer then holds both packings: the price of verify rows that cost ~1.5 % of a
+    forward each instead of ~6 %. Without AMX oneDNN is no better: streaming the 1.5B target's
+    28 layers on a 2-core AVX2 EPYC, one thread, it took 1.10 / 1.18 / 1.20x fbgemm's time at
+    1 / 3 / 5 rows and 0.88 / 0.87 / 0.72x at 9 / 17 / 177 rows, and speculative blocks verify
+    1-9 rows. Each packing is built on first need, from the weights or from the other packing.
 
     Args:
         weight_int8: (out, in) int8 weights.
@@ -164,48 +216,64 @@ class RowInt8Linear(nn.Module):
 
     def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self._weight: torch.Tensor | None = weight_int8  # until `pack`: stacking or cutting needs no unpack
-        self._packed: list[Any] | None = None  # fbgemm's packings of `PACK_ROWS` output channels each
-        self._onednn: torch.Tensor | None = None
-        self._ones = self._zeros = torch.empty(0)
+        self._weight: torch.Tensor | None = weight_int8  # until packed: stacking or cutting needs no unpack
+        self._fbgemm: list[Any] | None = None  # fbgemm's packings of `PACK_ROWS` output channels each
+        self._onednn: torch.Tensor | None = None  # oneDNN's packing, (in, out)
         self.scale = scale.detach().to(torch.float64)
         self._scale32 = self.scale.to(torch.float32)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self.out_features, self.in_features = weight_int8.shape
 
-    def pack(self) -> None:
-        """Pack the weights for the GEMM kernels (done on first use; `pack_int8` does it at load).
+    @property
+    def packed(self) -> bool:
+        """Whether the weights are held as kernel packings only (after `pack` or a first use)."""
+        return self._weight is None
 
-        Packing is most of a model's load time (fbgemm ~50 ms per projection), so layers that
-        `fuse_projections` stacks are never packed on their own, and output channels are packed
-        `PACK_ROWS` at a time: fbgemm's packing grows faster than the matrix (the target's
-        151,936-row output layer took 6.8 s in one piece, 2.2 s in pieces).
+    def pack(self) -> None:
+        """Build the packings this CPU's kernels use (done on first use; `pack_int8` does it at load).
+
+        Packing is most of a model's load time (~0.1 s per projection of the 1.5B target), so
+        layers that `fuse_projections` stacks are never packed on their own.
         """
-        weight = self._weight
-        if weight is None:
+        if self._weight is None:
             return
-        with warnings.catch_warnings():
-            # torch 2.13 deprecates quantized tensor *creation* (pytorch#184982); the fbgemm kernels
-            # stay. When it is removed this needs torchao's int8 kernels instead.
-            warnings.filterwarnings("ignore", message=".*quantized tensor creation.*", category=UserWarning)
-            # Unit scales: the kernel returns the integer sums themselves, scaled below in torch.
-            self._packed = [
-                torch.ops.quantized.linear_prepack(
-                    torch._make_per_channel_quantized_tensor(
-                        piece,
-                        torch.ones(len(piece), dtype=torch.float64),
-                        torch.zeros(len(piece), dtype=torch.int64),
-                        0,
-                    ),
-                    None,
-                )
-                for piece in torch.split(weight, PACK_ROWS)
-            ]
+        self.fbgemm_packing()
         if amx_available():
-            self._onednn = torch.ops.onednn.qlinear_prepack(weight, None)
-            self._ones = torch.ones(self.out_features)
-            self._zeros = torch.zeros(self.out_features, dtype=torch.int64)
+            self.onednn_packing()
         self._weight = None
+
+    def fbgemm_packing(self) -> list[Any]:
+        """fbgemm's packing, built now if need be, `PACK_ROWS` output channels at a time: its
+        packing grows faster than the matrix (the target's 151,936-row output layer took 6.8 s in
+        one piece, 2.2 s in pieces)."""
+        if self._fbgemm is None:
+            weight, _ = self.int8_weight()
+            with warnings.catch_warnings():
+                # torch 2.13 deprecates quantized tensor *creation* (pytorch#184982); the fbgemm
+                # kernels stay. When it is removed this needs torchao's int8 kernels instead.
+                warnings.filterwarnings(
+                    "ignore", message=".*quantized tensor creation.*", category=UserWarning
+                )
+                # Unit scales: the kernel returns the integer sums themselves, scaled in torch.
+                self._fbgemm = [
+                    torch.ops.quantized.linear_prepack(
+                        torch._make_per_channel_quantized_tensor(
+                            piece,
+                            torch.ones(len(piece), dtype=torch.float64),
+                            torch.zeros(len(piece), dtype=torch.int64),
+                            0,
+                        ),
+                        None,
+                    )
+                    for piece in torch.split(weight, PACK_ROWS)
+                ]
+        return self._fbgemm
+
+    def onednn_packing(self) -> torch.Tensor:
+        """oneDNN's packing, built now if need be."""
+        if self._onednn is None:
+            self._onednn = torch.ops.onednn.qlinear_prepack(self.int8_weight()[0], None)
+        return self._onednn
 
     @staticmethod
     def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,7 +284,7 @@ class RowInt8Linear(nn.Module):
         return weight_int8, scale
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RowInt8Linear:
-        # oneDNN's packed weight is an opaque tensor that cannot be copied: pack a copy anew
+        # packed weights are opaque objects that cannot be copied: pack a copy anew
         weight, scale = self.int8_weight()
         return RowInt8Linear(weight.clone(), scale.clone(), None if self.bias is None else self.bias.detach())
 
@@ -224,37 +292,19 @@ class RowInt8Linear(nn.Module):
         """(weight_int8, scale) as given to the constructor (to stack or cut layers)."""
         if self._weight is not None:
             return self._weight, self.scale
-        assert self._packed is not None
-        pieces = [torch.ops.quantized.linear_unpack(packed)[0].int_repr() for packed in self._packed]
-        return torch.cat(pieces), self.scale
+        if self._fbgemm is not None:
+            pieces = [torch.ops.quantized.linear_unpack(packed)[0].int_repr() for packed in self._fbgemm]
+            return torch.cat(pieces), self.scale
+        assert self._onednn is not None
+        return self._onednn.to_dense().T.contiguous(), self.scale
 
     def _sums(self, q: torch.Tensor) -> torch.Tensor:
         """Exact integer sums q . W^T as float32, for integer-valued float rows q in [-levels, levels]."""
         self.pack()
         zero = activation_levels() + 1  # q + zero is unsigned: [1, 255] or [1, 127]
-        if self._onednn is not None and q.shape[0] >= AMX_MIN_ROWS:
-            sums: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
-                q.add(zero).to(torch.uint8),
-                1.0,
-                zero,
-                self._onednn,
-                self._ones,
-                self._zeros,
-                None,
-                1.0,
-                0,
-                torch.float32,
-                "none",
-                [],
-                "",
-            )
-            return sums
-        # fbgemm quantises its float input with scale 1 and the zero point: q itself, exactly.
-        assert self._packed is not None
-        return _joined(
-            torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, zero, packed)
-            for packed in self._packed
-        )
+        if self._onednn is not None and (self._fbgemm is None or q.shape[0] >= AMX_MIN_ROWS):
+            return _onednn_sums(q, zero, self._onednn)
+        return _fbgemm_sums(q, zero, self.fbgemm_packing())
 
     def _exact(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.float32)
@@ -273,9 +323,10 @@ class RowInt8Linear(nn.Module):
         self.pack()
         if self._onednn is not None and x.numel() >= AMX_DRAFT_ROWS * self.in_features:
             return self._exact(x)
-        assert self._packed is not None
         x = x.to(torch.float32)
-        drafted = _joined(torch.ops.quantized.linear_dynamic(x, packed, True) for packed in self._packed)
+        drafted = _joined(
+            torch.ops.quantized.linear_dynamic(x, packed, True) for packed in self.fbgemm_packing()
+        )
         drafted = drafted.mul_(self._scale32)
         return drafted if self.bias is None else drafted + self.bias
 

@@ -66,7 +66,7 @@ def test_draft_kernels_quantise_the_whole_input_at_once():
     exact = layer(x)
     with draft_kernels():
         drafted = layer(x)
-    (packed,) = layer._packed
+    (packed,) = layer.fbgemm_packing()
     expected = torch.ops.quantized.linear_dynamic(x, packed, True) * layer.scale.float() + layer.bias
     assert torch.equal(drafted, expected)
     assert not torch.equal(drafted, exact)
@@ -108,8 +108,8 @@ def test_packing_on_threads_packs_every_layer_the_forward_runs(tiny_qwen):
     convert_linears(model, "int8")
     fuse_projections(model)
     layers = int8_layers(model)
-    assert all(layer._packed is None for layer in layers)
+    assert not any(layer.packed for layer in layers)
     # per decoder layer: the q/k/v group, o, the gate/up group, down; and the output layer
     assert len(layers) == 4 * model.config.num_hidden_layers + 1
     pack_int8(layers, workers=2)
-    assert all(layer._packed is not None for layer in layers)
+    assert all(layer.packed for layer in layers)
