@@ -1,11 +1,12 @@
 """Ask torch's CPU allocator for transparent huge pages (2 MB) for large tensors.
 
-Loading the embedded pair allocates about 3 GB of weights and packings. On 4 KB pages that is
-some 750,000 page faults, each one a trip into the kernel that zeroes a page: loading spent
-8.4 s of system time next to 12 s of user time, and the load took 10.6 s on a 2-core EPYC. With
-`THP_MEM_ALLOC_ENABLE=1` torch aligns allocations of 2 MB and more to 2 MB and marks them
-`MADV_HUGEPAGE`, so where the kernel's THP mode is `madvise` (the common default) they fault in
-2 MB at a time: the same load took 8.5 s with 5.6 s of system time. Tensors that large are
+Loading the embedded pair allocates gigabytes of weights, stacked projections and packings. On
+4 KB pages that took 1.19 million page faults, each a trip into the kernel that zeroes a page
+(0.67 million with huge pages). With
+`THP_MEM_ALLOC_ENABLE=1` torch marks allocations of 2 MB and more `MADV_HUGEPAGE`, so where the
+kernel's THP mode is `madvise` (the common default) they fault in 2 MB at a time: on a 2-core
+EPYC the load took 7.8 s instead of 9.7 s, with 4.8 instead of 7.2 s of system time
+(bench/load_time.py, medians of three alternating rounds). Tensors that large are
 weights and caches, which live for the whole process, so the coarser pages cost no memory to
 speak of.
 
