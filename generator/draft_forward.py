@@ -25,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from wmark.generator.fused import stacked_layer
-from wmark.generator.rowwise import RowInt8Linear, tree_attention, visible_keys
+from wmark.generator.rowwise import tree_attention, visible_keys
 
 __all__ = ["LeanDecoder", "lean_decoder"]
 
@@ -40,17 +40,12 @@ _KERNEL_ROWS = 32  # forwards of at most this many rows attend through `tree_att
 
 def _projection(members: list[Any]) -> Projection:
     """`members` (layers reading one input) as one call returning their outputs: a single GEMM
-    where they are a fused int8 group, each int8 layer with the drafter's dynamic kernel."""
-
-    def call(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-        return layer.dynamic if isinstance(layer, RowInt8Linear) else layer
-
+    where they are a fused int8 group."""
     stacked = stacked_layer(members)
     if stacked is None:
-        calls = [call(m) for m in members]
-        return lambda h: [c(h) for c in calls]
-    run, sizes = call(stacked), [int(m.out_features) for m in members]
-    return lambda h: torch.split(run(h), sizes, dim=-1)
+        return lambda h: [m(h) for m in members]
+    sizes = [int(m.out_features) for m in members]
+    return lambda h: torch.split(stacked(h), sizes, dim=-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

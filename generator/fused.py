@@ -2,11 +2,11 @@
 
 A transformers decoder layer calls `q_proj`, `k_proj` and `v_proj` on the same hidden state,
 then `gate_proj` and `up_proj` on the same one. With `RowInt8Linear` each call quantises the
-activations again and runs its own fbgemm GEMM; at the 1-9 rows of a speculative block the
-calls' fixed costs (quantising the rows, packing, dispatch) are a good part of a small model's
-forward. `fuse_projections` stacks the int8 weights of such a group into one `RowInt8Linear`
-and gives each member a `_Slice` of its output: the first member called computes the whole
-group once, the others take their columns from it.
+activations again and runs its own GEMM; at the 1-9 rows of a speculative block the calls'
+fixed costs (quantising the rows, dispatch) are a good part of a small model's forward.
+`fuse_projections` stacks the int8 weights of such a group into one `RowInt8Linear` and gives
+each member a `_Slice` of its output: the first member called computes the whole group once,
+the others take their columns from it.
 
 Why the numbers do not change: weights are int8 per output channel, activations are quantised
 per row with the row's own peak (identical in every member), integer accumulation is exact in
@@ -17,6 +17,7 @@ output is bit for bit what its own layer gave (tests/unit/generator/test_fused.p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import pairwise
 
 import torch
@@ -24,10 +25,47 @@ from torch import nn
 
 from wmark.generator.rowwise import RowInt8Linear
 
-__all__ = ["GROUPS", "FusedGroup", "fuse_projections", "int8_layers", "stacked_layer"]
+__all__ = [
+    "GROUPS",
+    "FusedGroup",
+    "fuse_projections",
+    "group_name",
+    "install_group",
+    "int8_layers",
+    "stacked_layer",
+]
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """Sibling layers that read the same input in a Qwen2 / Llama decoder layer."""
+
+
+def group_name(parent: str, names: tuple[str, ...]) -> str:
+    """How a fused group is named in the model cache: its module's path and members, e.g.
+    `model.layers.0.self_attn.q_proj+k_proj+v_proj`."""
+    members = "+".join(names)
+    return f"{parent}.{members}" if parent else members
+
+
+def stack(layers: list[RowInt8Linear]) -> RowInt8Linear:
+    """One layer over `layers`' output channels side by side (their biases too, zeros where a
+    member has none)."""
+    parts = [layer.int8_weight() for layer in layers]
+    weight = torch.cat([w for w, _ in parts])
+    scale = torch.cat([s for _, s in parts])
+    return RowInt8Linear(weight, scale, stacked_bias(layers))
+
+
+def stacked_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:
+    """The members' biases side by side, or None if none has one."""
+    biases = [getattr(layer, "bias", None) for layer in layers]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat(
+        [
+            b.detach().float() if b is not None else torch.zeros(int(getattr(layer, "out_features")))  # noqa: B009
+            for b, layer in zip(biases, layers, strict=True)
+        ]
+    )
 
 
 class FusedGroup:
@@ -38,21 +76,9 @@ class FusedGroup:
     The result is dropped once every member has taken its part, so no tensor outlives a forward.
     """
 
-    def __init__(self, layers: list[RowInt8Linear]) -> None:
-        parts = [layer.int8_weight() for layer in layers]
-        weight = torch.cat([w for w, _ in parts])
-        scale = torch.cat([s for _, s in parts])
-        biases = [layer.bias for layer in layers]
-        bias = None
-        if any(b is not None for b in biases):
-            bias = torch.cat(
-                [
-                    b.detach() if b is not None else torch.zeros(layer.out_features)
-                    for b, layer in zip(biases, layers, strict=True)
-                ]
-            )
-        self.linear = RowInt8Linear(weight, scale, bias)  # not a submodule: see `int8_layers`
-        self.members = len(layers)
+    def __init__(self, linear: RowInt8Linear, members: int) -> None:
+        self.linear = linear  # not a submodule: see `int8_layers`
+        self.members = members
         # (input, output) of the last call, swapped as one tuple: a forward on another thread can
         # only replace it, never pair one call's input with another's output.
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -85,6 +111,15 @@ class _Slice(nn.Module):
         return self.group.output(x)[..., self.start : self.stop]
 
 
+def install_group(module: nn.Module, names: tuple[str, ...], sizes: list[int], linear: RowInt8Linear) -> None:
+    """Make `module`'s layers `names` (of `sizes` output channels, in order) slices of `linear`."""
+    group = FusedGroup(linear, len(names))
+    start = 0
+    for name, size in zip(names, sizes, strict=True):
+        setattr(module, name, _Slice(group, start, start + size, linear.in_features))
+        start += size
+
+
 def fuse_projections(model: nn.Module) -> int:
     """Fuse every q/k/v and gate/up group of int8 layers in `model` (in place); returns how many.
 
@@ -94,16 +129,10 @@ def fuse_projections(model: nn.Module) -> int:
     for module in list(model.modules()):
         for names in GROUPS:
             layers = [getattr(module, name, None) for name in names]
-            if not all(isinstance(layer, RowInt8Linear) for layer in layers):
-                continue
             members = [layer for layer in layers if isinstance(layer, RowInt8Linear)]
-            if len({layer.in_features for layer in members}) != 1:
+            if len(members) != len(names) or len({layer.in_features for layer in members}) != 1:
                 continue
-            group = FusedGroup(members)
-            start = 0
-            for name, layer in zip(names, members, strict=True):
-                setattr(module, name, _Slice(group, start, start + layer.out_features, layer.in_features))
-                start += layer.out_features
+            install_group(module, names, [layer.out_features for layer in members], stack(members))
             fused += 1
     return fused
 

@@ -31,6 +31,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from wmark.errors import BackendError
+from wmark.generator import int8_store
 from wmark.generator.rowwise import RowInt8Linear
 
 __all__ = ["DENSE_FILE", "INT8_FILE", "GGUFEmbedding", "convert", "has_int8", "load"]
@@ -161,14 +162,16 @@ def load(path: Path) -> PreTrainedModel:
 
     Those weights are left uninitialised (never touched, so never in memory): pass
     `int8_cache=path / INT8_FILE` to `prepare_model(..., "int8")`, which replaces every linear
-    layer from that file.
+    layer from that file (and, the first time, rewrites it in the GEMM kernel's packed layout:
+    `wmark.generator.int8_store`).
     """
     model = _skeleton(AutoConfig.from_pretrained(str(path)), meta=False)
-    with safe_open(str(path / INT8_FILE), framework="pt") as f:
-        cached = set(f.keys())
-    absent = [m for m in sorted(_linear_names(model)) if f"{m}.q" not in cached]
-    if absent:
-        raise BackendError(f"{path / INT8_FILE} lacks {absent[0]}: delete {path} to rebuild it")
+    if not int8_store.is_packed(path / INT8_FILE):  # (a packed cache is checked as it is read)
+        with safe_open(str(path / INT8_FILE), framework="pt") as f:
+            cached = set(f.keys())
+        absent = [m for m in sorted(_linear_names(model)) if f"{m}.q" not in cached]
+        if absent:
+            raise BackendError(f"{path / INT8_FILE} lacks {absent[0]}: delete {path} to rebuild it")
     tensors: dict[str, torch.Tensor] = {}
     embedding = next(n for n, p in model.named_parameters() if p is model.get_input_embeddings().weight)
     with safe_open(str(path / DENSE_FILE), framework="pt") as f:

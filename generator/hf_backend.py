@@ -22,13 +22,13 @@ import torch
 from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 
 from wmark.errors import BackendError
+from wmark.generator import int8_store
 from wmark.generator.backend import NodeTable
 from wmark.generator.draft_forward import LeanDecoder
 from wmark.generator.fused import fuse_projections, int8_layers
 from wmark.generator.rowwise import (
     ATTENTION_NAME,
     convert_linears,
-    draft_kernels,
     pack_int8,
     rowwise_attention,
     stock_attention,
@@ -45,16 +45,24 @@ def prepare_model(
 ) -> PreTrainedModel:
     """Cast/convert a loaded model for `precision` on `device` and put it in eval mode.
 
-    `int8_cache`: where the int8 weights are kept between loads (see `convert_linears`).
+    `int8_cache`: where the int8 weights are kept between loads. A packed cache
+    (`wmark.generator.int8_store`) is memory-mapped as it is; otherwise the linear layers are
+    converted (from the plain int8 weights that file may hold, else quantised), fused, packed,
+    and the packed result replaces the file.
     """
     if precision in ("int8", "exact-fp32"):
         if device != "cpu":
             raise BackendError(f"precision {precision} is CPU-only; use bf16, fp16 or fp32 on {device}")
         model = model.to(torch.float32)
-        convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
+        if precision == "int8" and int8_cache is not None and int8_store.is_packed(int8_cache):
+            int8_store.load(model, int8_cache)
+        else:
+            convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
         if precision == "int8":
             fuse_projections(model)  # q/k/v and gate/up as one GEMM each: same numbers, less overhead
             pack_int8(int8_layers(model), workers=torch.get_num_threads())
+            if int8_cache is not None and not int8_store.is_packed(int8_cache):
+                int8_store.save(model, int8_cache)
         model.config._attn_implementation = ATTENTION_NAME
         for sub in model.modules():  # every layer reads the implementation from its config
             if hasattr(sub, "config"):
@@ -90,7 +98,7 @@ class HFSession:
         causal = torch.ones(len(head), len(head), dtype=torch.bool).tril()
         dtype = self.lm.dtype
         mask = torch.zeros(causal.shape, dtype=dtype).masked_fill(~causal, torch.finfo(dtype).min)
-        with stock_attention() if self.lm.exact_attention else draft_kernels():
+        with stock_attention():
             self.lm.model(
                 input_ids=torch.tensor([head], device=self.lm.device),
                 attention_mask=mask[None, None].to(self.lm.device),
@@ -137,7 +145,7 @@ class HFSession:
         if self.lm.exact_attention:
             out = self._model_forward(ids, mask4d, position_ids)
         else:
-            with draft_kernels():
+            with stock_attention():
                 if self.lm.lean is not None:
                     out = self.lm.lean(ids, mask4d, position_ids, self.cache)
                 else:
@@ -194,11 +202,11 @@ class HFModel:
 
     `exact_attention` (True): with the int8 precision, attention row by row (batch-invariant).
     A drafter may set it False (`wmark.generator.drafters.build_drafter` does): its forwards
-    then run `draft_kernels` (one stock SDPA call per layer, int8 layers with a per-tensor
-    activation scale), cheaper, with rounding that depends on the block's shape, which a
-    drafter can afford since it only proposes. `lean` (None): such a drafter's forwards skip
-    transformers' generic decoder for `wmark.generator.draft_forward.LeanDecoder`, which
-    `build_drafter` sets where the architecture allows.
+    then run `stock_attention` (one SDPA call per layer), cheaper, with rounding that depends
+    on the block's shape, which a drafter can afford since it only proposes. `lean` (None):
+    such a drafter's forwards skip transformers' generic decoder for
+    `wmark.generator.draft_forward.LeanDecoder`, which `build_drafter` sets where the
+    architecture allows.
     """
 
     def __init__(

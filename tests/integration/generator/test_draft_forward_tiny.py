@@ -14,7 +14,7 @@ from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.generator.draft_forward import LeanDecoder, lean_decoder
 from wmark.generator.drafters import build_drafter
 from wmark.generator.engine import SamplerConfig, generate
-from wmark.generator.fused import FusedGroup, _Slice, stacked_layer
+from wmark.generator.fused import FusedGroup, _Slice, stack, stacked_layer
 from wmark.generator.hf_backend import HFModel, prepare_model
 from wmark.generator.hybrid_drafter import HybridDrafter
 from wmark.generator.rowwise import RowInt8Linear
@@ -43,7 +43,7 @@ def _blocks(model: HFModel) -> torch.Tensor:
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_lean_forward_matches_the_transformers_forward(tiny_qwen, precision):
     stock = HFModel(prepare_model(tiny_qwen(3), precision, "cpu"), EOS)
-    stock.exact_attention = False  # a drafter: stock SDPA (and dynamic int8 on the int8 path)
+    stock.exact_attention = False  # a drafter: stock SDPA
     lean = copy.deepcopy(stock)
     lean.lean = lean_decoder(lean.model)
     assert isinstance(lean.lean, LeanDecoder)
@@ -71,13 +71,13 @@ def test_stacked_layer_is_the_group_linear():
         RowInt8Linear(torch.randint(-127, 128, (n, 16), generator=gen, dtype=torch.int8), torch.rand(n), None)
         for n in (8, 4)
     ]
-    group = FusedGroup(layers)
+    group = FusedGroup(stack(layers), 2)
     first, second = _Slice(group, 0, 8, 16), _Slice(group, 8, 12, 16)
     stacked = stacked_layer([first, second])
     assert stacked is group.linear
     x = torch.randn(3, 16, generator=gen)
     assert torch.equal(stacked(x), torch.cat([first(x), second(x)], dim=-1))
-    other = _Slice(FusedGroup(layers), 8, 12, 16)
+    other = _Slice(FusedGroup(stack(layers), 2), 8, 12, 16)
     assert stacked_layer([first, other]) is None  # slices of two different groups
 
 

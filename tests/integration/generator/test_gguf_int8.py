@@ -14,7 +14,7 @@ from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_m
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from wmark import BackendError
-from wmark.generator import gguf_int8
+from wmark.generator import gguf_int8, int8_store
 from wmark.generator.embedded import EmbeddedModel, prepare
 from wmark.generator.hf_backend import HFModel, prepare_model
 from wmark.generator.loading import _load_model
@@ -79,12 +79,15 @@ def test_direct_conversion_equals_the_float32_route_bit_for_bit(gguf_file, tmp_p
     out.mkdir()
     gguf_int8.convert(gguf_file, out)
     lean = prepare_model(gguf_int8.load(out), "int8", "cpu", int8_cache=out / gguf_int8.INT8_FILE)
+    assert int8_store.is_packed(out / gguf_int8.INT8_FILE)  # the first load packed the plain file
     stamp = (out / gguf_int8.INT8_FILE).stat().st_mtime_ns
+    again = prepare_model(gguf_int8.load(out), "int8", "cpu", int8_cache=out / gguf_int8.INT8_FILE)
 
     old_cache = tmp_path / "old-int8.safetensors"
     reference = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     reference = prepare_model(reference, "int8", "cpu", int8_cache=old_cache)
     assert torch.equal(_logits(lean), _logits(reference))
+    assert torch.equal(_logits(again), _logits(reference))
     new, old = safetensors.torch.load_file(out / gguf_int8.INT8_FILE), safetensors.torch.load_file(old_cache)
     assert new.keys() == old.keys() and all(torch.equal(new[k], old[k]) for k in new)
     assert (out / gguf_int8.INT8_FILE).stat().st_mtime_ns == stamp  # read by the load, not rewritten

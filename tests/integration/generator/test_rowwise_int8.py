@@ -1,110 +1,146 @@
-"""`RowInt8Linear`: a row's output does not depend on its batch or on which GEMM kernel ran."""
+"""`RowInt8Linear` on wmark's int8 GEMM: a row's output does not depend on its batch, on the
+kernel build or on the thread count, and equals the exact dequantised product bit for bit."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
-from wmark.generator import rowwise
-from wmark.generator.rowwise import AMX_MIN_ROWS, RowInt8Linear, activation_levels
+from wmark.generator import _int8_gemm
+from wmark.generator.rowwise import RowInt8Linear
+
+BACKENDS = _int8_gemm.backends()  # this CPU's builds, fastest first; "portable" runs everywhere
 
 
-def _layer(seed: int, out: int = 40, inp: int = 96) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    _int8_gemm.use_backend(request.param)
+    yield request.param
+    _int8_gemm.use_backend(BACKENDS[0])
+
+
+def _layer(seed: int, out: int = 70, inp: int = 97, bias: bool = True) -> RowInt8Linear:
+    """Shapes off the kernel's grain on purpose: 70 channels (tiles of 32), 97 columns (groups of 4)."""
     gen = torch.Generator().manual_seed(seed)
     weight, scale = RowInt8Linear.quantize(torch.randn(out, inp, generator=gen))
-    return weight, scale, torch.randn(out, generator=gen)
+    return RowInt8Linear(weight, scale, torch.randn(out, generator=gen) if bias else None)
 
 
-def test_rows_alone_equal_rows_in_any_batch():
-    layer = RowInt8Linear(*_layer(0))
-    gen = torch.Generator().manual_seed(1)
+def _reference(layer: RowInt8Linear, x: torch.Tensor) -> torch.Tensor:
+    """The layer's contract in torch: each row quantised with its own peak as
+    `round(x * (127 / peak))`, the integer sums exact (float64 holds them exactly), then float32:
+    times the channel scale, times peak / 127, plus the bias, in that order."""
+    weight, scale = layer.int8_weight()
+    peak = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    q = torch.round(x * (127.0 / peak))
+    sums = (q.double() @ weight.double().T).float()
+    out = sums * scale.float() * (peak / 127.0)
+    return out if layer.bias is None else out + layer.bias
+
+
+def _rows(seed: int, count: int, width: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
     # rows of very different magnitude: each is quantised with its own peak
-    x = torch.randn(17, 96, generator=gen) * torch.logspace(-3, 3, 17)[:, None]
-    alone = torch.cat([layer(x[i : i + 1]) for i in range(17)])
-    for rows in (2, AMX_MIN_ROWS, 8, 17):  # below and above the kernel switch
-        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+    return torch.randn(count, width, generator=gen) * torch.logspace(-3, 3, count)[:, None]
 
 
-def test_the_value_is_the_dequantised_product():
-    weight, scale, bias = _layer(2)
-    layer = RowInt8Linear(weight, scale, bias)
-    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(3))
-    peak = x.abs().amax(dim=1, keepdim=True)
-    levels = activation_levels()
-    q = torch.round(x * (levels / peak))
-    expected = (q.double() @ weight.double().T) * scale * (peak.double() / levels) + bias.double()
-    # float32 rounding of an exact integer sum, times two float32 scales: a few ulps of the output
-    torch.testing.assert_close(layer(x).double(), expected, rtol=1e-6, atol=1e-5)
+def test_the_output_is_the_exact_dequantised_product(backend):
+    for bias in (True, False):
+        layer = _layer(2, bias=bias)
+        x = _rows(3, 30, 97)
+        assert torch.equal(layer(x), _reference(layer, x)), (backend, bias)
 
 
-def test_the_largest_products_do_not_saturate():
-    """All weights and activations at their extremes: fbgemm without VNNI adds pairs of products
-    into a saturating int16, which 8-bit activations overflow (`activation_levels` then picks 7)."""
-    weight = torch.full((16, 256), 127, dtype=torch.int8)
+def test_rows_alone_equal_rows_in_any_batch(backend):
+    layer = _layer(0)
+    x = _rows(1, 30, 97)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(30)])
+    # across the kernels' row blocks (4 rows with AVX2, 12 with AVX-512) and their remainders
+    for rows in (2, 3, 4, 5, 11, 12, 13, 25, 30):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), (backend, rows)
+
+
+def test_every_build_and_thread_count_gives_the_same_bits():
+    layer = _layer(4, out=300, inp=130)
+    x = _rows(5, 17, 130)
+    expected = _reference(layer, x)
+    threads = torch.get_num_threads()
+    try:
+        for name in BACKENDS:
+            _int8_gemm.use_backend(name)
+            for count in (1, 2, 3, 7):  # more threads than tiles is fine too (300 channels: 10 tiles)
+                torch.set_num_threads(count)
+                assert torch.equal(layer(x), expected), (name, count)
+    finally:
+        _int8_gemm.use_backend(BACKENDS[0])
+        torch.set_num_threads(threads)
+
+
+def test_the_largest_products_do_not_saturate(backend):
+    """Every weight and activation at +-127 over the widest input of the embedded target (8,960):
+    pairs of products overflow int16 (2 x 127 x 127 + ...) in kernels that add them there, and
+    the sums reach 144.5 million (int32 holds them)."""
+    inp = 8960
+    weight = torch.full((40, inp), 127, dtype=torch.int8)
     weight[1::2] = -127
-    layer = RowInt8Linear(weight, torch.ones(16, dtype=torch.float64), None)
-    x = torch.ones(AMX_MIN_ROWS + 1, 256)
+    layer = RowInt8Linear(weight, torch.ones(40, dtype=torch.float64), None)
+    x = torch.ones(3, inp)
     x[1] = -1.0
-    expected = x[:, :1] * torch.tensor([256.0 * 127, -256.0 * 127] * 8)
-    for rows in (1, 2, AMX_MIN_ROWS + 1):  # both kernels where there are two
-        # exact integer sums, times the float32 scales peak / levels and levels / peak: ~1e-7 off
-        # (a saturated sum is off by orders of magnitude: 8,160 for 1,032,256 in the probe's case)
-        torch.testing.assert_close(layer(x[:rows]), expected[:rows], rtol=1e-6, atol=0, msg=str(rows))
-    if rowwise.onednn_available():  # the other kernel, used with AMX, at the same levels
-        levels = activation_levels()
-        sums = rowwise._onednn_sums(x * levels, levels + 1, layer.onednn_packing())
-        assert torch.equal(sums, expected * levels)
+    x[2, ::2] = -1.0  # mixed signs: the sums cancel exactly
+    exact = 127.0 * 127 * inp
+    out = layer(x)
+    assert torch.equal(out[0], torch.tensor([exact, -exact] * 20) * (1.0 / 127))
+    assert torch.equal(out[1], -out[0])
+    assert torch.equal(out[2], torch.zeros(40))
 
 
-@pytest.mark.skipif(not rowwise.onednn_available(), reason="torch without oneDNN: one kernel only")
-def test_onednn_and_fbgemm_give_the_same_bits():
-    """The two kernels a layer runs where the CPU has AMX agree on every CPU that has oneDNN."""
-    weight, scale, bias = _layer(4, out=300, inp=256)
-    layer = RowInt8Linear(weight, scale, bias)
-    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(5))
-    levels = activation_levels()
-    q = torch.round(x * (levels / x.abs().amax(dim=1, keepdim=True)))
-    for rows in (1, 2, AMX_MIN_ROWS, 9):
-        by_fbgemm = rowwise._fbgemm_sums(q[:rows], levels + 1, layer.fbgemm_packing())
-        assert torch.equal(by_fbgemm, rowwise._onednn_sums(q[:rows], levels + 1, layer.onednn_packing()))
-        assert torch.equal(by_fbgemm, (q[:rows].double() @ weight.double().T).float()), rows
+def test_zero_and_tiny_rows():
+    layer = _layer(6)
+    x = torch.zeros(2, 97)
+    x[1, 5] = 1e-35  # below the peak's floor of 1e-30: quantises to 0
+    assert torch.equal(layer(x), layer.bias.detach().expand(2, -1))
 
 
-def test_a_missing_packing_is_built_from_the_other():
-    """`pack` builds fbgemm's packing (and oneDNN's with AMX); either kernel's packing can be made
-    later from the one the layer holds, without the weights, and gives the same numbers."""
-    weight, scale, bias = _layer(10)
-    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(11))
-    layer = RowInt8Linear(weight, scale, bias)
-    layer.pack()
-    assert layer.packed and layer._fbgemm is not None
-    assert (layer._onednn is not None) == rowwise.amx_available()
-    if rowwise.onednn_available():
-        only_onednn = RowInt8Linear(weight, scale, bias)
-        only_onednn.onednn_packing()
-        only_onednn._weight = None  # as if packed for oneDNN alone
-        assert only_onednn.int8_weight()[0].equal(weight)
-        assert torch.equal(only_onednn.dynamic(x), layer.dynamic(x))  # fbgemm's built from oneDNN's
-        assert torch.equal(only_onednn(x), layer(x))
+def test_packing_round_trip_and_packed_layers():
+    layer = _layer(7)
+    weight, scale = layer.int8_weight()
+    assert not layer.packed and weight is layer.int8_weight()[0]  # stacking needs no unpack
+    x = _rows(8, 4, 97)
+    before = _reference(layer, x)
+    packed, colsum = layer.packed_weights()
+    assert layer.packed and layer.int8_weight()[0].equal(weight)  # the same weights back
+    assert colsum[:70].equal(weight.sum(dim=1, dtype=torch.int32)) and not colsum[70:].any()
+    again = RowInt8Linear.from_packed(packed, colsum, (70, 97), scale, layer.bias)
+    assert torch.equal(again(x), before) and torch.equal(layer(x), before)
+    assert torch.equal(copy.deepcopy(layer)(x), before)
+    with pytest.raises(ValueError, match="do not fit"):
+        RowInt8Linear.from_packed(packed, colsum, (70, 96), scale, None)
 
 
-def test_packing_waits_for_first_use():
-    weight, scale, bias = _layer(6)
-    layer = RowInt8Linear(weight, scale, bias)
-    assert not layer.packed and layer.int8_weight()[0] is weight  # stacking needs no unpack
-    out = layer(torch.randn(2, 96, generator=torch.Generator().manual_seed(7)))
-    assert out.shape == (2, 40) and layer.packed
-    assert layer.int8_weight()[0].equal(weight)  # the same weights back from the packing
-
-
-def test_a_layer_packed_in_pieces_gives_the_bits_of_one_piece(monkeypatch):
-    weight, scale, bias = _layer(8, out=50, inp=64)
-    whole = RowInt8Linear(weight, scale, bias)
-    assert len(whole.fbgemm_packing()) == 1
-    monkeypatch.setattr(rowwise, "PACK_ROWS", 16)  # 50 output channels: pieces of 16, 16, 16 and 2
-    pieces = RowInt8Linear(weight, scale, bias)
-    assert len(pieces.fbgemm_packing()) == 4
-    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(9))  # 2 rows: fbgemm's, AMX or not
-    assert torch.equal(pieces(x), whole(x))
-    assert torch.equal(pieces.dynamic(x), whole.dynamic(x))
-    assert pieces.int8_weight()[0].equal(weight)
+def test_the_kernel_refuses_bad_buffers():
+    weight = torch.zeros(4, 8, dtype=torch.int8)
+    packed = torch.zeros(_int8_gemm.packed_size(4, 8), dtype=torch.uint8)
+    colsum = torch.zeros(32, dtype=torch.int32)
+    with pytest.raises(ValueError, match="weight holds 32 bytes, the shape needs 40"):
+        _int8_gemm.pack(weight.numpy(), packed.numpy(), colsum.numpy(), 5, 8)
+    with pytest.raises(ValueError, match="positive"):
+        _int8_gemm.packed_size(0, 8)
+    out = torch.empty(1, 4)
+    with pytest.raises(ValueError, match="x holds 28 bytes"):
+        _int8_gemm.linear(
+            torch.zeros(1, 7).numpy(),
+            packed.numpy(),
+            colsum.numpy(),
+            torch.ones(4).numpy(),
+            None,
+            out.numpy(),
+            1,
+            4,
+            8,
+            1,
+        )
+    with pytest.raises(ValueError, match="does not run on this CPU"):
+        _int8_gemm.use_backend("avx1024")
+    assert _int8_gemm.backend() == BACKENDS[0] and BACKENDS[-1] == "portable"
