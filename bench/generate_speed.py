@@ -111,6 +111,13 @@ def main() -> None:
     )
     parser.add_argument("--limit", type=int, default=None, help="first N prompts of each set")
     parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="request seeds per prompt (each gives another answer: the diversity prefix and the "
+        "race's unkeyed positions follow the seed); prompt i runs with seeds i, i + 1000, ...",
+    )
+    parser.add_argument(
         "--settings",
         default=",".join(CLASSIC),
         help=f"comma-separated rows: {', '.join(SETTINGS)}, "
@@ -166,12 +173,14 @@ def main() -> None:
 
     groups = list(dict.fromkeys(g for g, _ in prompts))
     rows: dict[tuple[str, str], Row] = {}
-    for i, (group, ids) in enumerate(prompts):
+    runs = [(i + 1000 * s, group, ids) for s in range(args.seeds) for i, (group, ids) in enumerate(prompts)]
+    for seed, group, ids in runs:
+        i = seed % 1000
         for name in names:  # methods alternate prompt by prompt
             setting = SETTINGS[name]
             drafter = drafters.get(setting.drafter) if setting.drafter else None
             out = generate(
-                pair.target, ids, config=_config(setting, args.tokens), key=key, drafter=drafter, seed=i
+                pair.target, ids, config=_config(setting, args.tokens), key=key, drafter=drafter, seed=seed
             )
             row = rows.setdefault((group, name), Row())
             row.tokens += len(out.token_ids)
@@ -187,12 +196,12 @@ def main() -> None:
             row.diverse.append(len(out.diverse_positions))
             row.masked.append(len(out.masked_positions))
             print(
-                f"  {name:>14} {group} prompt {i}: {len(out.token_ids)} tokens, "
+                f"  {name:>14} {group} prompt {i} seed {seed}: {len(out.token_ids)} tokens, "
                 f"{out.tokens_per_s:.2f} tok/s, AATPS {out.aatps:.2f}",
                 flush=True,
             )
         if hf_model is not None:
-            torch.manual_seed(i)
+            torch.manual_seed(seed)
             start = time.perf_counter()
             with torch.inference_mode():
                 gen = hf_model.generate(
@@ -214,7 +223,7 @@ def main() -> None:
 
     print()
     print(
-        f"{len(prompts)} prompts x {args.tokens} new tokens, "
+        f"{len(prompts)} prompts x {args.seeds} seeds x {args.tokens} new tokens, "
         f"torch threads {args.threads}, precision {args.precision}"
     )
     for group in groups:
@@ -226,7 +235,7 @@ def _table(group: str, rows: dict[str, Row]) -> None:
     base = rows["basic-uwm"]
     unit = base.verify / base.forwards  # seconds of one one-token target forward
     print()
-    print(f"{group}: {len(base.outputs)} prompts")
+    print(f"{group}: {len(base.outputs)} answers")
     print()
     print(
         "| method | tokens/s | vs basic-uwm | AATPS (mean ± sd) | target forwards | c (drafter forward) | "
