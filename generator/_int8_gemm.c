@@ -247,8 +247,11 @@ static void run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
 /*
  * ---- a small pool of worker threads ----
  * A call splits its tiles into equal contiguous ranges, one per thread; the caller runs the
- * first. Workers spin briefly for the next call (a forward makes ~100 calls back to back), then
- * sleep on a condition variable, so an idle or busy machine does not lose a core to spinning.
+ * first. Every started worker takes part in every call (with an empty range where the call
+ * uses fewer threads), and the caller returns only when all of them are done, so no worker can
+ * read one call's parameters while the next call writes them. Workers spin briefly for the
+ * next call (a forward makes ~100 calls back to back), then sleep on a condition variable, so an
+ * idle or busy machine does not lose a core to spinning.
  */
 #define MAX_THREADS 64
 #define SPIN_ROUNDS 20000
@@ -256,16 +259,16 @@ static void run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER; /* one call at a time uses the pool */
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the workers' sleep */
 static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
-static int pool_size = 1;                /* threads of the current call, caller included */
 static int pool_started = 0;             /* worker threads started (they never exit) */
 static atomic_uint_fast64_t pool_epoch;  /* incremented by each call */
 static atomic_int pool_pending;          /* workers still busy with this call */
 static const job_t *pool_job;
 static Py_ssize_t pool_ranges[MAX_THREADS + 1];
+static uint_fast64_t pool_birth[MAX_THREADS]; /* the epoch before each worker's first call */
 
 static void *worker(void *arg) {
     const int id = (int)(intptr_t)arg;
-    uint_fast64_t seen = 0;
+    uint_fast64_t seen = pool_birth[id];
     for (;;) {
         int spins = 0;
         uint_fast64_t now;
@@ -282,16 +285,23 @@ static void *worker(void *arg) {
             pthread_mutex_unlock(&pool_lock);
         }
         seen = now;
-        if (id < pool_size) {
-            run_tiles(pool_job, pool_ranges[id], pool_ranges[id + 1]);
-            atomic_fetch_sub_explicit(&pool_pending, 1, memory_order_release);
-        }
+        run_tiles(pool_job, pool_ranges[id], pool_ranges[id + 1]);
+        atomic_fetch_sub_explicit(&pool_pending, 1, memory_order_release);
     }
     return NULL;
 }
 
-/* Run `job` on `threads` threads (the caller's included); returns 0, or -1 if none could start. */
-static int run_job(const job_t *job, int threads) {
+/* A forked child has only the thread that forked: it starts its own workers when it needs them. */
+static void pool_after_fork(void) {
+    pool_started = 0;
+    pthread_mutex_init(&call_lock, NULL);
+    pthread_mutex_init(&pool_lock, NULL);
+    pthread_cond_init(&pool_wake, NULL);
+}
+
+/* Run `job` on `threads` threads, the caller's included (fewer where no more could start).
+ * Called with call_lock held. */
+static void run_job(const job_t *job, int threads) {
     const Py_ssize_t tiles = tiles_of(job->n);
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > tiles) threads = (int)tiles;
@@ -300,20 +310,20 @@ static int run_job(const job_t *job, int threads) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pool_birth[pool_started + 1] = atomic_load_explicit(&pool_epoch, memory_order_relaxed);
         const int failed = pthread_create(&thread, &attr, worker, (void *)(intptr_t)(pool_started + 1));
         pthread_attr_destroy(&attr);
         if (failed) break;
         pool_started++;
     }
     if (threads > pool_started + 1) threads = pool_started + 1;
-    if (threads <= 1) {
+    if (threads <= 1 || pool_started == 0) {
         run_tiles(job, 0, tiles);
-        return 0;
+        return;
     }
-    for (int i = 0; i <= threads; i++) pool_ranges[i] = tiles * i / threads;
+    for (int i = 0; i <= pool_started + 1; i++) pool_ranges[i] = i < threads ? tiles * i / threads : tiles;
     pool_job = job;
-    pool_size = threads;
-    atomic_store_explicit(&pool_pending, threads - 1, memory_order_relaxed);
+    atomic_store_explicit(&pool_pending, pool_started, memory_order_relaxed);
     pthread_mutex_lock(&pool_lock);
     atomic_fetch_add_explicit(&pool_epoch, 1, memory_order_release);
     pthread_cond_broadcast(&pool_wake);
@@ -326,7 +336,6 @@ static int run_job(const job_t *job, int threads) {
         else _mm_pause();
 #endif
     }
-    return 0;
 }
 
 /*
@@ -652,5 +661,6 @@ PyMODINIT_FUNC PyInit__int8_gemm(void) {
         best_backend = AVX512VNNI;
 #endif
     active_backend = best_backend;
+    pthread_atfork(NULL, NULL, pool_after_fork);
     return PyModule_Create(&module);
 }
