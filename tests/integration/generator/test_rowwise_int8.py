@@ -4,6 +4,9 @@ kernel build or on the thread count, and equals the exact dequantised product bi
 from __future__ import annotations
 
 import copy
+import os
+import signal
+import time
 
 import pytest
 import torch
@@ -70,11 +73,39 @@ def test_every_build_and_thread_count_gives_the_same_bits():
     try:
         for name in BACKENDS:
             _int8_gemm.use_backend(name)
-            for count in (1, 2, 3, 7):  # more threads than tiles is fine too (300 channels: 10 tiles)
+            # up and down: calls with fewer threads than the pool has workers, and more threads
+            # than tiles (300 channels: 10 tiles)
+            for count in (1, 2, 3, 7, 12, 2, 5, 1, 3):
                 torch.set_num_threads(count)
                 assert torch.equal(layer(x), expected), (name, count)
+            assert torch.equal(layer(x[:1]), expected[:1])
     finally:
         _int8_gemm.use_backend(BACKENDS[0])
+        torch.set_num_threads(threads)
+
+
+def test_a_forked_child_computes_on_threads_of_its_own():
+    """The parent's worker threads do not exist in a fork: the child must start its own, not wait
+    for the parent's forever (a server or a scan may fork after the kernel ran)."""
+    layer = _layer(9, out=300, inp=130)
+    x = _rows(10, 5, 130)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        expected = layer(x)  # the parent's pool now has workers
+        pid = os.fork()
+        if pid == 0:  # the child: report by exit status only
+            ok = torch.equal(layer(x), expected)
+            os._exit(0 if ok else 1)
+        deadline = time.monotonic() + 120  # generous on a busy machine: the work is ~1 ms
+        while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if waited == (0, 0):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung waiting for its parent's worker threads")
+        assert os.waitstatus_to_exitcode(waited[1]) == 0
+    finally:
         torch.set_num_threads(threads)
 
 
