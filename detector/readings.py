@@ -57,7 +57,9 @@ _SENTENCE_START = re.compile(
     r"((?:[-*+>#]+\s+)*(?:\d+[.)]\s+)?[*_\"'(\[\u201c\u2018]*)([a-z])"
 )
 _LONE_I = re.compile(r"\bi\b")
-_LOWER_SENTENCE = re.compile(r"[a-z][.!?][\"')\]*_]* +[\"'(\[*_]*[a-z]")
+_LOWER_SENTENCE = re.compile(  # a sentence that starts in lower case after a full stop, ! or ?
+    r"[a-z0-9%)\]\"'`*_\u201d\u2019][.!?][\"')\]*_\u201d\u2019`]*\s+[\"'(\[*_`\u201c\u2018]*[a-z]"
+)
 _WORDS = re.compile(r"[^\W\d_]+")
 # bytes of UTF-8 text -> "a" (a-z), "A" (A-Z and bytes of non-ASCII characters), " " (the rest)
 _CASE_CLASSES = bytes(
@@ -109,9 +111,11 @@ def sentence_case(text: str, forms: Forms | None = None) -> str | None:
     has the text's length, character for character, so the text's character map serves it too.
     """
     all_upper = text.isupper()  # str methods: every cased character, at C speed
-    # lower case throughout is also how code and identifiers look: only prose, whose sentences
-    # then start in lower case, gets the reading
-    all_lower = text.islower() and len(_LOWER_SENTENCE.findall(text)) >= 2
+    # lower case throughout is also how code and identifiers look: only prose, where a sentence
+    # then starts in lower case after a full stop and a space or line break, gets the reading
+    # (one such start is enough: a model's answer is never all lower case, so the rule only
+    # decides between a recased answer and lower-case code, whose full stops sit inside names)
+    all_lower = text.islower() and _LOWER_SENTENCE.search(text) is not None
     if not (all_upper or all_lower) and not _may_be_title(text):
         return None
     words = _WORDS.findall(text)

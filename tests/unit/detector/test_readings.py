@@ -114,6 +114,21 @@ def test_text_in_one_case_throughout_is_read_in_sentence_case(recase: object) ->
     assert [v.text for v in text_variants(recase(prose))] == [prose]
 
 
+@pytest.mark.parametrize(
+    "prose",
+    [
+        # one sentence start, after a line break: a 50-token answer's opening
+        "Okay, let me explain this like you're five:\nImagine a leaf is a green crayon. For a long time"
+        " it stays green",
+        # a full stop after a number or a closing quote
+        "The ferry cuts emissions by 90%. The route opens next week",
+        'The program prints "done". Then it counts on',
+    ],
+)
+def test_lower_case_prose_with_one_sentence_start_is_read_in_sentence_case(prose: str) -> None:
+    assert [v.text for v in text_variants(prose.lower())] == [prose]
+
+
 def test_mixed_case_prose_gets_no_sentence_case_reading() -> None:
     prose = "Paris is in France. The Seine runs through it. Many people visit each year."
     assert len(text_variants(prose)) == 1
