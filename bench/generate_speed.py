@@ -8,13 +8,15 @@ the outside reference. For each: tokens/s, AATPS (mean ± sd over prompts), targ
 where the time went (draft / verify / bookkeeping). Methods alternate prompt by prompt so that
 drift of this shared machine hits all of them alike. The same key and seed are used throughout,
 so the table also reports whether pfr/mpfr emitted exactly basic-uwm's tokens (drafter
-invariance on the real models).
+invariance on the real models). `--kernels amx,avx512vnni` runs every row on each int8 GEMM
+build in turn, prompt by prompt (one table per set and build).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import TextTokenizer
 from wmark.eval.models import prompt_encoder
 from wmark.eval.prompts import load_prompt_set
+from wmark.generator import _int8_gemm
 from wmark.generator.drafters import build_drafter, drafter_model_source
 from wmark.generator.embedded import embedded_tokenizer_json
 from wmark.generator.engine import SamplerConfig, generate
@@ -118,6 +121,12 @@ def main() -> None:
         "race's unkeyed positions follow the seed); prompt i runs with seeds i, i + 1000, ...",
     )
     parser.add_argument(
+        "--kernels",
+        default=None,
+        help="comma-separated int8 GEMM builds to run every setting on, side by side (e.g. "
+        "amx,avx512vnni; they give the same bits); default: the fastest this CPU runs",
+    )
+    parser.add_argument(
         "--settings",
         default=",".join(CLASSIC),
         help=f"comma-separated rows: {', '.join(SETTINGS)}, "
@@ -171,10 +180,12 @@ def main() -> None:
             str(resolve_source("embedded", "target")), dtype=torch.float32
         )
 
-    groups = list(dict.fromkeys(g for g, _ in prompts))
+    kernels = args.kernels.split(",") if args.kernels else [_int8_gemm.backend()]
     rows: dict[tuple[str, str], Row] = {}
     runs = [(i + 1000 * s, group, ids) for s in range(args.seeds) for i, (group, ids) in enumerate(prompts)]
-    for seed, group, ids in runs:
+    for (seed, set_name, ids), kernel in itertools.product(runs, kernels):
+        _int8_gemm.use_backend(kernel)
+        group = set_name if len(kernels) == 1 else f"{set_name} [{kernel}]"
         i = seed % 1000
         for name in names:  # methods alternate prompt by prompt
             setting = SETTINGS[name]
@@ -200,7 +211,7 @@ def main() -> None:
                 f"{out.tokens_per_s:.2f} tok/s, AATPS {out.aatps:.2f}",
                 flush=True,
             )
-        if hf_model is not None:
+        if hf_model is not None and kernel == kernels[0]:
             torch.manual_seed(seed)
             start = time.perf_counter()
             with torch.inference_mode():
@@ -220,13 +231,14 @@ def main() -> None:
             row.forwards += n
             row.aatps.append(1.0)
             print(f"  transformers prompt {i}: {n} tokens, {n / seconds:.2f} tok/s", flush=True)
+    _int8_gemm.use_backend(_int8_gemm.backends()[0])
 
     print()
     print(
         f"{len(prompts)} prompts x {args.seeds} seeds x {args.tokens} new tokens, "
         f"torch threads {args.threads}, precision {args.precision}"
     )
-    for group in groups:
+    for group in dict.fromkeys(g for g, _ in rows):
         _table(group, {name: row for (g, name), row in rows.items() if g == group})
 
 

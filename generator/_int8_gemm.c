@@ -22,7 +22,12 @@
  *   128 x (the channel's weight sum);
  * - avx2: vpmaddubsw on |q| and the weights with q's sign (pairs of products <= 2 x 127 x 127
  *   fit int16: no saturation), vpmaddwd into int32;
- * - portable C.
+ * - portable C;
+ * and on CPUs with AMX (Intel Sapphire Rapids and later) a fourth, "amx", that runs blocks of 16
+ * rows or more (a prompt's prefill, wide verify trees) on the tile unit: tdpbssd multiplies
+ * signed bytes directly, 16 rows x 16 channels x 64 columns per instruction, and reads the
+ * packed layout as it is (a tile's group of 4 columns is one 64-byte row of a B tile for 16
+ * channels). Fewer rows, or widths that are not a multiple of 64, run the avx512vnni code.
  * Compile with -ffp-contract=off: the scaling is two multiplications and an addition, in that
  * order, never fused, so it rounds like the torch expression it replaced.
  */
@@ -38,18 +43,32 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define WMARK_X86 1
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define WMARK_AMX 1 /* the kernel must grant the tile state to the process (arch_prctl) */
+#endif
 #endif
 
 #define TILE 32     /* output channels per packed tile */
 #define GROUP 128   /* bytes of one tile's 4 input columns */
 #define ROWS_512 12 /* rows sharing each weight load (AVX-512: 24 accumulators of 32) */
 #define ROWS_256 4  /* the same with AVX2 (8 accumulators of 16) */
-#ifndef PREFETCH
-#define PREFETCH 96 /* groups ahead (12 KB; prefetches never fault): of 0, 32, 64, 96, 128 the best on a 2-core EPYC */
-#endif
+/* Software prefetch of the weights, in groups ahead (prefetches never fault). Measured per CPU,
+ * one thread: on a 2-core AMD EPYC 96 groups (12 KB) into L1 was the best of 0-128; on a 2-core
+ * Intel Xeon with AMX, where one core streams ~13 GB/s, 192 groups into L2 (more misses in
+ * flight) took the target's 9-row forward from 196 to 184-190 ms and left one row as it was
+ * (bench/int8_kernels.py --prefetch far,near). Intel CPUs take the far prefetch. */
+#define NEAR_AHEAD 96
+#define FAR_AHEAD 192
+static int far_prefetch = 0;
 
-enum backend { PORTABLE = 0, AVX2 = 1, AVX512VNNI = 2 };
-static const char *backend_names[] = {"portable", "avx2", "avx512vnni"};
+#define AMX_MIN_ROWS 16 /* fewer rows stream the weights once through VNNI as fast */
+#define AMX_PANEL_BYTES (768 * 1024) /* quantised rows kept in L2 while a thread's tiles stream by */
+
+/* AMX_TILES is not a build of its own: the job of an "amx" call that runs on the tile unit. */
+enum backend { PORTABLE = 0, AVX2 = 1, AVX512VNNI = 2, AMX = 3, AMX_TILES = 4 };
+static const char *backend_names[] = {"portable", "avx2", "avx512vnni", "amx"};
 static int best_backend = PORTABLE; /* what this CPU runs */
 static int active_backend = PORTABLE; /* what runs now (tests may force a slower one) */
 
@@ -62,7 +81,7 @@ typedef struct {
     const int32_t *colsum;  /* (tiles x TILE) weight sums per channel, 0 past n */
     const float *scale;     /* (n) channel scales */
     const float *bias;      /* (n) or NULL */
-    const int8_t *q;        /* (m, 4 groups) quantised rows, signed, zero-padded */
+    const int8_t *q;        /* (m, 4 groups) quantised rows, signed, zero-padded (AMX: to 16 rows) */
     const uint8_t *aux;     /* (m, 4 groups): q + 128 (avx512vnni) or |q| (avx2); else NULL */
     const float *rowscale;  /* (m) peak / 127 */
     float *out;             /* (m, n) */
@@ -173,6 +192,7 @@ __attribute__((target("avx2"))) static void tile_avx2(const job_t *job, Py_ssize
 
 __attribute__((target(VNNI_TARGET), always_inline)) static inline void block_vnni(const job_t *job, Py_ssize_t t,
                                                                                     Py_ssize_t r0, const int rows) {
+    const int far = far_prefetch; /* the same all run long: the branch below is predicted */
     const uint8_t *w = job->packed + t * job->groups * GROUP;
     const Py_ssize_t kp = job->groups * 4;
     const uint8_t *a = job->aux + r0 * kp;
@@ -180,8 +200,13 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void block_vnn
             c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00,
             c80 = c00, c81 = c00, c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
     for (Py_ssize_t g = 0; g < job->groups; g++) {
-        _mm_prefetch((const char *)(w + (g + PREFETCH) * GROUP), _MM_HINT_T0);
-        _mm_prefetch((const char *)(w + (g + PREFETCH) * GROUP + 64), _MM_HINT_T0);
+        if (far) {
+            _mm_prefetch((const char *)(w + (g + FAR_AHEAD) * GROUP), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + (g + FAR_AHEAD) * GROUP + 64), _MM_HINT_T1);
+        } else {
+            _mm_prefetch((const char *)(w + (g + NEAR_AHEAD) * GROUP), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (g + NEAR_AHEAD) * GROUP + 64), _MM_HINT_T0);
+        }
         const __m512i w0 = _mm512_loadu_si512((const void *)(w + g * GROUP));
         const __m512i w1 = _mm512_loadu_si512((const void *)(w + g * GROUP + 64));
         VNNI_ROW(0) VNNI_ROW(1) VNNI_ROW(2) VNNI_ROW(3) VNNI_ROW(4) VNNI_ROW(5)
@@ -226,9 +251,123 @@ __attribute__((target(VNNI_TARGET))) static void tile_vnni(const job_t *job, Py_
         default: break;
     }
 }
+#ifdef WMARK_AMX
+/*
+ * ---- AMX: blocks of 32 rows x one packed tile (32 channels) on the tile unit ----
+ * Tile registers: 0-3 the int32 sums (rows 0-15 / 16-31 x channels 0-15 / 16-31), 4-5 the two
+ * row blocks' 64 columns, 6-7 the two channel halves' weights: 16 groups of 4 columns, 64
+ * bytes each, 128 bytes apart in the packed tile. Rows are taken a panel at a time (what fits
+ * AMX_PANEL_BYTES), and within a panel every tile of the thread's range meets every row block:
+ * the panel's rows stay in L2 while the weights stream from memory once per panel.
+ */
+#define AMX_TARGET "amx-tile,amx-int8,avx512f,avx512bw,avx512vl"
+
+typedef struct {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config_t;
+
+/* Scale 16 x 32 sums (a row stride of 32) into the output, as block_vnni does (no offset:
+ * tdpbssd multiplies the signed bytes themselves). */
+__attribute__((target(VNNI_TARGET))) static void finish_amx(const job_t *job, const int32_t *sums, Py_ssize_t t,
+                                                            Py_ssize_t r0, int rows) {
+    for (int h = 0; h < 2; h++) {
+        const Py_ssize_t c = t * TILE + 16 * h;
+        if (c >= job->n) break;
+        const Py_ssize_t left = job->n - c;
+        const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __m512 scale = _mm512_maskz_loadu_ps(keep, job->scale + c);
+        const __m512 bias = job->bias != NULL ? _mm512_maskz_loadu_ps(keep, job->bias + c) : _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            __m512 f = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(sums + r * TILE + 16 * h)));
+            f = _mm512_mul_ps(f, scale);
+            f = _mm512_mul_ps(f, _mm512_set1_ps(job->rowscale[r0 + r]));
+            if (job->bias != NULL) f = _mm512_add_ps(f, bias);
+            _mm512_mask_storeu_ps(job->out + (r0 + r) * job->n + c, keep, f);
+        }
+    }
+}
+
+/* The 2 KB (16 groups) of weights a chunk reads, FAR_AHEAD groups ahead (AMX CPUs are Intel's). */
+static inline void prefetch_chunk(const uint8_t *p) {
+    for (int line = 0; line < 16 * GROUP; line += 64) _mm_prefetch((const char *)(p + line), _MM_HINT_T1);
+}
+
+__attribute__((target(AMX_TARGET))) static void range_amx(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
+    tile_config_t config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        config.colsb[i] = 64;
+        config.rows[i] = 16;
+    }
+    _tile_loadconfig(&config);
+    const Py_ssize_t kp = job->groups * 4, chunks = job->groups / 16, padded = (job->m + 15) / 16 * 16;
+    Py_ssize_t panel = AMX_PANEL_BYTES / kp / 32 * 32;
+    if (panel < 32) panel = 32;
+    int32_t sums[32 * TILE] __attribute__((aligned(64)));
+    for (Py_ssize_t p0 = 0; p0 < padded; p0 += panel) {
+        const Py_ssize_t p1 = p0 + panel < padded ? p0 + panel : padded;
+        for (Py_ssize_t t = first; t < last; t++) {
+            const uint8_t *w = job->packed + t * job->groups * GROUP;
+            for (Py_ssize_t r0 = p0; r0 < p1; r0 += 32) {
+                const int8_t *a = job->q + r0 * kp;
+                _tile_zero(0);
+                _tile_zero(1);
+                if (r0 + 16 < p1) { /* two row blocks */
+                    _tile_zero(2);
+                    _tile_zero(3);
+                    for (Py_ssize_t c = 0; c < chunks; c++) {
+                        prefetch_chunk(w + (c * 16 + FAR_AHEAD) * GROUP);
+                        _tile_loadd(6, w + c * 16 * GROUP, GROUP);
+                        _tile_loadd(7, w + c * 16 * GROUP + 64, GROUP);
+                        _tile_loadd(4, a + c * 64, kp);
+                        _tile_loadd(5, a + 16 * kp + c * 64, kp);
+                        _tile_dpbssd(0, 4, 6);
+                        _tile_dpbssd(1, 4, 7);
+                        _tile_dpbssd(2, 5, 6);
+                        _tile_dpbssd(3, 5, 7);
+                    }
+                    _tile_stored(2, sums + 16 * TILE, TILE * 4);
+                    _tile_stored(3, sums + 16 * TILE + 16, TILE * 4);
+                } else {
+                    for (Py_ssize_t c = 0; c < chunks; c++) {
+                        prefetch_chunk(w + (c * 16 + FAR_AHEAD) * GROUP);
+                        _tile_loadd(6, w + c * 16 * GROUP, GROUP);
+                        _tile_loadd(7, w + c * 16 * GROUP + 64, GROUP);
+                        _tile_loadd(4, a + c * 64, kp);
+                        _tile_dpbssd(0, 4, 6);
+                        _tile_dpbssd(1, 4, 7);
+                    }
+                }
+                _tile_stored(0, sums, TILE * 4);
+                _tile_stored(1, sums + 16, TILE * 4);
+                const Py_ssize_t left = job->m - r0;
+                if (left > 0) finish_amx(job, sums, t, r0, left < 32 ? (int)left : 32);
+            }
+        }
+    }
+    _tile_release();
+}
+
+/* Ask Linux for the tile state (a process-wide grant, inherited by threads and forks). */
+static int amx_granted(void) {
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+#endif
 #endif
 
 static void run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
+#ifdef WMARK_AMX
+    if (job->backend == AMX_TILES) {
+        range_amx(job, first, last);
+        return;
+    }
+#endif
     for (Py_ssize_t t = first; t < last; t++) {
 #ifdef WMARK_X86
         if (job->backend == AVX512VNNI) {
@@ -578,11 +717,16 @@ static PyObject *linear(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        const int backend = active_backend;
-        int8_t *q = malloc((size_t)(m * kp));
-        uint8_t *aux = backend == PORTABLE ? NULL : malloc((size_t)(m * kp));
+        /* the "amx" build runs blocks of AMX_MIN_ROWS rows or more, over whole 64-column chunks,
+         * on the tile unit, and everything else as avx512vnni */
+        const int tiles = active_backend == AMX && m >= AMX_MIN_ROWS && groups % 16 == 0;
+        const int backend = tiles ? AMX_TILES : active_backend == AMX ? AVX512VNNI : active_backend;
+        const int rounding = tiles ? AVX512VNNI : backend;
+        const Py_ssize_t rows = tiles ? (m + 15) / 16 * 16 : m; /* whole tiles of rows, zeros past m */
+        int8_t *q = tiles ? calloc((size_t)rows, (size_t)kp) : malloc((size_t)(m * kp));
+        uint8_t *aux = backend == PORTABLE || tiles ? NULL : malloc((size_t)(m * kp));
         float *rowscale = malloc((size_t)m * sizeof(float));
-        if (q == NULL || rowscale == NULL || (backend != PORTABLE && aux == NULL)) {
+        if (q == NULL || rowscale == NULL || (backend != PORTABLE && !tiles && aux == NULL)) {
             free(q);
             free(aux);
             free(rowscale);
@@ -591,7 +735,7 @@ static PyObject *linear(PyObject *self, PyObject *args) {
         }
         job_t job = {views[1].buf, views[2].buf, views[3].buf, has_bias ? views[4].buf : NULL, q, aux, rowscale,
                      views[5].buf, m, n, groups, backend};
-        Py_BEGIN_ALLOW_THREADS quantise_rows(views[0].buf, m, k, kp, backend, q, aux, rowscale);
+        Py_BEGIN_ALLOW_THREADS quantise_rows(views[0].buf, m, k, kp, rounding, q, aux, rowscale);
         pthread_mutex_lock(&call_lock);
         run_job(&job, threads < 1 ? 1 : threads);
         pthread_mutex_unlock(&call_lock);
@@ -638,14 +782,31 @@ static PyObject *use_backend(PyObject *self, PyObject *args) {
     return NULL;
 }
 
+static PyObject *prefetch(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name = NULL;
+    if (!PyArg_ParseTuple(args, "|s", &name)) return NULL;
+    if (name != NULL) {
+        if (strcmp(name, "far") != 0 && strcmp(name, "near") != 0) {
+            PyErr_Format(PyExc_ValueError, "prefetch: %s is not 'near' or 'far'", name);
+            return NULL;
+        }
+        far_prefetch = strcmp(name, "far") == 0;
+    }
+    return PyUnicode_FromString(far_prefetch ? "far" : "near");
+}
+
 static PyMethodDef methods[] = {
     {"packed_size", packed_size, METH_VARARGS, "packed_size(n, k): bytes of the packed weights of n x k."},
     {"pack", pack, METH_VARARGS, pack_doc},
     {"unpack", unpack, METH_VARARGS, "unpack(packed, weight, n, k): the int8 (n, k) weights back."},
     {"linear", linear, METH_VARARGS, linear_doc},
-    {"backend", backend, METH_NOARGS, "The build that runs now: 'avx512vnni', 'avx2' or 'portable'."},
+    {"backend", backend, METH_NOARGS, "The build that runs now: 'amx', 'avx512vnni', 'avx2' or 'portable'."},
     {"backends", backends, METH_NOARGS, "The builds this CPU can run, fastest first."},
     {"use_backend", use_backend, METH_VARARGS, "use_backend(name): run that build (tests compare them)."},
+    {"prefetch", prefetch, METH_VARARGS,
+     "prefetch([policy]): the weight prefetch, 'near' (L1, AMD's default) or 'far' (L2, Intel's);\n"
+     "sets it when given (benchmarks compare them; the bits do not change)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.generator._int8_gemm",
@@ -657,10 +818,17 @@ PyMODINIT_FUNC PyInit__int8_gemm(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) best_backend = AVX2;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
         best_backend = AVX512VNNI;
+#ifdef WMARK_AMX
+        if (amx_granted()) best_backend = AMX;
+#endif
+    }
 #endif
     active_backend = best_backend;
+#ifdef WMARK_X86
+    far_prefetch = __builtin_cpu_is("intel");
+#endif
     pthread_atfork(NULL, NULL, pool_after_fork);
     return PyModule_Create(&module);
 }

@@ -4,6 +4,7 @@ kernel build or on the thread count, and equals the exact dequantised product bi
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import signal
 import time
@@ -15,6 +16,7 @@ from wmark.generator import _int8_gemm
 from wmark.generator.rowwise import RowInt8Linear
 
 BACKENDS = _int8_gemm.backends()  # this CPU's builds, fastest first; "portable" runs everywhere
+PREFETCH = _int8_gemm.prefetch()  # this CPU's weight prefetch policy
 
 
 @pytest.fixture(params=BACKENDS)
@@ -65,22 +67,40 @@ def test_rows_alone_equal_rows_in_any_batch(backend):
         assert torch.equal(layer(x[:rows]), alone[:rows]), (backend, rows)
 
 
+def test_blocks_on_the_tile_unit_equal_rows_alone(backend):
+    """Widths that are whole 64-column chunks and 16 rows or more run on AMX tiles under the
+    "amx" build (the other builds run them as any block): row blocks of 32 and 16, zero rows
+    padding the last tile, channels past a tile's end, and (8,960 columns: panels of 64 rows) a
+    block that spans two panels."""
+    for inp, counts in ((128, (16, 17, 31, 32, 33, 48, 49)), (8960, (100,))):
+        layer = _layer(11, out=70, inp=inp)
+        x = _rows(12, max(counts), inp)
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(max(counts))])  # one row: never tiles
+        assert torch.equal(alone, _reference(layer, x)), backend
+        for rows in counts:
+            assert torch.equal(layer(x[:rows]), alone[:rows]), (backend, inp, rows)
+
+
 def test_every_build_and_thread_count_gives_the_same_bits():
-    layer = _layer(4, out=300, inp=130)
-    x = _rows(5, 17, 130)
-    expected = _reference(layer, x)
     threads = torch.get_num_threads()
     try:
-        for name in BACKENDS:
-            _int8_gemm.use_backend(name)
-            # up and down: calls with fewer threads than the pool has workers, and more threads
-            # than tiles (300 channels: 10 tiles)
-            for count in (1, 2, 3, 7, 12, 2, 5, 1, 3):
-                torch.set_num_threads(count)
-                assert torch.equal(layer(x), expected), (name, count)
-            assert torch.equal(layer(x[:1]), expected[:1])
+        # 130 columns: vector code in every build; 192 columns x 40 rows: AMX tiles under "amx"
+        for inp, rows in ((130, 17), (192, 40)):
+            layer = _layer(4, out=300, inp=inp)
+            x = _rows(5, rows, inp)
+            expected = _reference(layer, x)
+            for name, policy in itertools.product(BACKENDS, ("near", "far")):
+                _int8_gemm.use_backend(name)
+                _int8_gemm.prefetch(policy)
+                # up and down: calls with fewer threads than the pool has workers, and more
+                # threads than tiles (300 channels: 10 tiles)
+                for count in (1, 2, 3, 7, 12, 2, 5, 1, 3):
+                    torch.set_num_threads(count)
+                    assert torch.equal(layer(x), expected), (name, policy, inp, count)
+                assert torch.equal(layer(x[:1]), expected[:1])
     finally:
         _int8_gemm.use_backend(BACKENDS[0])
+        _int8_gemm.prefetch(PREFETCH)
         torch.set_num_threads(threads)
 
 
@@ -174,4 +194,7 @@ def test_the_kernel_refuses_bad_buffers():
         )
     with pytest.raises(ValueError, match="does not run on this CPU"):
         _int8_gemm.use_backend("avx1024")
+    with pytest.raises(ValueError, match="not 'near' or 'far'"):
+        _int8_gemm.prefetch("l3")
+    assert _int8_gemm.prefetch() == PREFETCH
     assert _int8_gemm.backend() == BACKENDS[0] and BACKENDS[-1] == "portable"
