@@ -106,16 +106,17 @@ def test_every_build_and_thread_count_gives_the_same_bits():
 
 def test_a_forked_child_computes_on_threads_of_its_own():
     """The parent's worker threads do not exist in a fork: the child must start its own, not wait
-    for the parent's forever (a server or a scan may fork after the kernel ran)."""
-    layer = _layer(9, out=300, inp=130)
-    x = _rows(10, 5, 130)
+    for the parent's forever (a server or a scan may fork after the kernel ran). On an AMX CPU
+    the 40-row call also checks that the child holds the tile-state grant."""
+    layer, wide = _layer(9, out=300, inp=130), _layer(9, out=300, inp=128)
+    x, y = _rows(10, 5, 130), _rows(10, 40, 128)
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        expected = layer(x)  # the parent's pool now has workers
+        expected = layer(x), wide(y)  # the parent's pool now has workers
         pid = os.fork()
         if pid == 0:  # the child: report by exit status only
-            ok = torch.equal(layer(x), expected)
+            ok = torch.equal(layer(x), expected[0]) and torch.equal(wide(y), expected[1])
             os._exit(0 if ok else 1)
         deadline = time.monotonic() + 120  # generous on a busy machine: the work is ~1 ms
         while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
