@@ -15,6 +15,7 @@ build in turn, prompt by prompt (one table per set and build).
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import itertools
 import statistics
@@ -66,6 +67,8 @@ SETTINGS = {
         "mpfr", None, DEFAULT_LOOKAHEAD, "embedded", DEFAULT_DRAFT_CONFIDENCE
     ),
     "default drafter=ngram": Setting("mpfr", None, DEFAULT_LOOKAHEAD, "ngram", DEFAULT_DRAFT_CONFIDENCE),
+    # the default with the draft model's weights kept 8-bit (where the CPU would cut them to 4)
+    "default int8 drafter": Setting("mpfr", None, DEFAULT_LOOKAHEAD, "auto@8", DEFAULT_DRAFT_CONFIDENCE),
     "default confidence=0": Setting("mpfr", None, DEFAULT_LOOKAHEAD, "auto", 0.0),
 }
 CLASSIC = ["basic-uwm", "pfr L=4", "pfr-nowm L=4", "mpfr B=2 L=4", "mpfr B=4 L=4", "mpfr B=8 L=4"]
@@ -160,11 +163,15 @@ def main() -> None:
         secret=Secret(hashlib.sha256(b"bench key").digest()),
         spec=WatermarkSpec(tokenizer=tok.ref),
     )
-    drafters = {
-        d: build_drafter(d, pair.target, pair.drafter if drafter_model_source(d, "embedded") else None)
-        for d in {SETTINGS[n].drafter for n in names} - {None}
-        if d is not None
-    }
+    drafters = {}  # a name ending in "@8" keeps the draft model's int8 weights (on a copy)
+    for d in sorted({SETTINGS[n].drafter for n in names} - {None}, key=lambda d: not d.endswith("@8")):
+        if d is None:
+            continue
+        name, eight = d.removesuffix("@8"), d.endswith("@8")
+        model = pair.drafter if drafter_model_source(name, "embedded") else None
+        if eight and model is not None:
+            model = copy.deepcopy(model)
+        drafters[d] = build_drafter(name, pair.target, model, int4=False if eight else None)
     prompts: list[tuple[str, list[int]]] = []
     if args.prompt_sets:
         encode = prompt_encoder(pair, chat=True)

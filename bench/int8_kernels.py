@@ -5,21 +5,24 @@
 Every build this CPU runs (`_int8_gemm.backends()`: amx, avx512vnni, avx2; `--kernels` picks) is
 timed on the same sessions, rounds alternating build by build so that drift of a shared machine
 hits all alike: the prompt prefill of the target and the drafter (`--prefill` token counts) and
-one forward over M new tokens after a 200-token prefix (`--sizes`). `--prefetch near,far` also
-crosses them with the weight prefetch policies (`_int8_gemm.prefetch`: into L1 96 groups ahead,
-AMD's default, or into L2 192 ahead, Intel's). Every variant gives the same bits
-(tests/integration/generator/test_rowwise_int8.py), so only the time differs; the table reports
-milliseconds (medians) and each variant's time over the first one's.
+one forward over M new tokens after a 200-token prefix (`--sizes`); the drafter also with its
+weights cut to 4 bits (`wmark.generator.draft_int4`, what `build_drafter` does on VNNI CPUs).
+`--prefetch near,far` also crosses them with the weight prefetch policies (`_int8_gemm.prefetch`:
+into L1 96 groups ahead, AMD's default, or into L2 192 ahead, Intel's). Every variant gives the
+same bits (tests/integration/generator/test_rowwise_int8.py), so only the time differs; the table
+reports milliseconds (medians) and each variant's time over the first one's.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import statistics
 import time
 
 from wmark.generator import _int8_gemm
+from wmark.generator.draft_int4 import cut_to_int4
 from wmark.generator.loading import load_pair
 
 
@@ -53,7 +56,9 @@ def main() -> None:
     ids = pair.encode_prompt(text)
     if len(ids) < max(prefills + [200 + max(sizes)]):
         parser.error("the built-in text is too short for these lengths")
-    models = {"target": pair.target, "drafter": pair.drafter}
+    four = copy.deepcopy(pair.drafter)  # the drafter with 4-bit weights, as build_drafter cuts it
+    cut_to_int4(four.model)
+    models = {"target": pair.target, "drafter": pair.drafter, "drafter, 4-bit weights": four}
     times: dict[tuple[str, str, str], list[float]] = {}
     for _ in range(args.rounds):
         for role, model in models.items():
@@ -77,25 +82,14 @@ def main() -> None:
 
     print(f"threads {args.threads}, {args.rounds} alternating rounds, median ms; ratio: over {kernels[0]}")
     print()
-    print(
-        "| model | work | "
-        + " | ".join(kernels)
-        + " | "
-        + " | ".join(f"{k} / {kernels[0]}" for k in kernels[1:])
-        + " |"
-    )
-    print("|---|---|" + "---:|" * (2 * len(kernels) - 1))
+    columns = kernels + [f"{k} / {kernels[0]}" for k in kernels[1:]]
+    print("| model | work | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---:|" * len(columns))
     for role in models:
         for work in [f"prefill {n}" for n in prefills] + [f"M={m}" for m in sizes]:
             ms = [1000 * statistics.median(times[(role, work, k)]) for k in kernels]
-            ratios = [f"{x / ms[0]:.2f}x" for x in ms[1:]]
-            print(
-                f"| {role} | {work} | "
-                + " | ".join(f"{x:.0f}" for x in ms)
-                + " | "
-                + " | ".join(ratios)
-                + " |"
-            )
+            cells = [f"{x:.0f}" for x in ms] + [f"{x / ms[0]:.2f}x" for x in ms[1:]]
+            print(f"| {role} | {work} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@
 
 #define TILE 32     /* output channels per packed tile */
 #define GROUP 128   /* bytes of one tile's 4 input columns */
+#define GROUP4 64   /* the same with 4-bit weights: byte j holds GROUP bytes j (low) and 64 + j (high) */
 #define ROWS_512 12 /* rows sharing each weight load (AVX-512: 24 accumulators of 32) */
 #define ROWS_256 4  /* the same with AVX2 (8 accumulators of 16) */
 /* Software prefetch of the weights, in groups ahead (prefetches never fault). Measured per CPU,
@@ -87,6 +88,7 @@ typedef struct {
     float *out;             /* (m, n) */
     Py_ssize_t m, n, groups;
     int backend;
+    int nibbles; /* 4-bit weights (linear4): GROUP4 bytes a group */
 } job_t;
 
 /* ---- the epilogue, portable: (float)sum * scale * rowscale (+ bias), in that order ---- */
@@ -109,6 +111,28 @@ static void tile_portable(const job_t *job, Py_ssize_t t) {
             const int8_t *ag = a + 4 * g;
             for (int j = 0; j < TILE; j++)
                 sums[j] += ag[0] * wg[4 * j] + ag[1] * wg[4 * j + 1] + ag[2] * wg[4 * j + 2] + ag[3] * wg[4 * j + 3];
+        }
+        for (int j = 0; j < TILE && c0 + j < job->n; j++)
+            job->out[r * job->n + c0 + j] = finish(sums[j], job->scale[c0 + j], job->rowscale[r], job->bias, c0 + j);
+    }
+}
+
+/* A 4-bit weight: byte p (0-127) of a group in the 8-bit layout, stored as a nibble plus 8. */
+static inline int nibble(const uint8_t *group, int p) {
+    return (p < 64 ? group[p] & 15 : group[p - 64] >> 4) - 8;
+}
+
+static void tile_portable4(const job_t *job, Py_ssize_t t) {
+    const uint8_t *w = job->packed + t * job->groups * GROUP4;
+    const Py_ssize_t c0 = t * TILE, kp = job->groups * 4;
+    for (Py_ssize_t r = 0; r < job->m; r++) {
+        const int8_t *a = job->q + r * kp;
+        int32_t sums[TILE] = {0};
+        for (Py_ssize_t g = 0; g < job->groups; g++) {
+            const uint8_t *wg = w + g * GROUP4;
+            const int8_t *ag = a + 4 * g;
+            for (int j = 0; j < TILE; j++)
+                for (int i = 0; i < 4; i++) sums[j] += ag[i] * nibble(wg, 4 * j + i);
         }
         for (int j = 0; j < TILE && c0 + j < job->n; j++)
             job->out[r * job->n + c0 + j] = finish(sums[j], job->scale[c0 + j], job->rowscale[r], job->bias, c0 + j);
@@ -191,24 +215,37 @@ __attribute__((target("avx2"))) static void tile_avx2(const job_t *job, Py_ssize
     }
 
 __attribute__((target(VNNI_TARGET), always_inline)) static inline void block_vnni(const job_t *job, Py_ssize_t t,
-                                                                                    Py_ssize_t r0, const int rows) {
+                                                                                    Py_ssize_t r0, const int rows,
+                                                                                    const int nibbles) {
     const int far = far_prefetch; /* the same all run long: the branch below is predicted */
-    const uint8_t *w = job->packed + t * job->groups * GROUP;
+    const __m512i low = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8);
+    const uint8_t *w = job->packed + t * job->groups * (nibbles ? GROUP4 : GROUP);
     const Py_ssize_t kp = job->groups * 4;
     const uint8_t *a = job->aux + r0 * kp;
     __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
             c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00,
             c80 = c00, c81 = c00, c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
     for (Py_ssize_t g = 0; g < job->groups; g++) {
-        if (far) {
-            _mm_prefetch((const char *)(w + (g + FAR_AHEAD) * GROUP), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w + (g + FAR_AHEAD) * GROUP + 64), _MM_HINT_T1);
+        __m512i w0, w1;
+        if (nibbles) { /* the same bytes ahead as below: twice the groups */
+            if (far)
+                _mm_prefetch((const char *)(w + (g + 2 * FAR_AHEAD) * GROUP4), _MM_HINT_T1);
+            else
+                _mm_prefetch((const char *)(w + (g + 2 * NEAR_AHEAD) * GROUP4), _MM_HINT_T0);
+            const __m512i v = _mm512_loadu_si512((const void *)(w + g * GROUP4));
+            w0 = _mm512_sub_epi8(_mm512_and_si512(v, low), eight);
+            w1 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight);
         } else {
-            _mm_prefetch((const char *)(w + (g + NEAR_AHEAD) * GROUP), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w + (g + NEAR_AHEAD) * GROUP + 64), _MM_HINT_T0);
+            if (far) {
+                _mm_prefetch((const char *)(w + (g + FAR_AHEAD) * GROUP), _MM_HINT_T1);
+                _mm_prefetch((const char *)(w + (g + FAR_AHEAD) * GROUP + 64), _MM_HINT_T1);
+            } else {
+                _mm_prefetch((const char *)(w + (g + NEAR_AHEAD) * GROUP), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w + (g + NEAR_AHEAD) * GROUP + 64), _MM_HINT_T0);
+            }
+            w0 = _mm512_loadu_si512((const void *)(w + g * GROUP));
+            w1 = _mm512_loadu_si512((const void *)(w + g * GROUP + 64));
         }
-        const __m512i w0 = _mm512_loadu_si512((const void *)(w + g * GROUP));
-        const __m512i w1 = _mm512_loadu_si512((const void *)(w + g * GROUP + 64));
         VNNI_ROW(0) VNNI_ROW(1) VNNI_ROW(2) VNNI_ROW(3) VNNI_ROW(4) VNNI_ROW(5)
         VNNI_ROW(6) VNNI_ROW(7) VNNI_ROW(8) VNNI_ROW(9) VNNI_ROW(10) VNNI_ROW(11)
     }
@@ -233,24 +270,29 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void block_vnn
     }
 }
 
-__attribute__((target(VNNI_TARGET))) static void tile_vnni(const job_t *job, Py_ssize_t t) {
+__attribute__((target(VNNI_TARGET), always_inline)) static inline void rows_vnni(const job_t *job, Py_ssize_t t,
+                                                                                 const int nibbles) {
     Py_ssize_t r0 = 0;
-    for (; r0 + ROWS_512 <= job->m; r0 += ROWS_512) block_vnni(job, t, r0, ROWS_512);
+    for (; r0 + ROWS_512 <= job->m; r0 += ROWS_512) block_vnni(job, t, r0, ROWS_512, nibbles);
     switch (job->m - r0) {
-        case 11: block_vnni(job, t, r0, 11); break;
-        case 10: block_vnni(job, t, r0, 10); break;
-        case 9: block_vnni(job, t, r0, 9); break;
-        case 8: block_vnni(job, t, r0, 8); break;
-        case 7: block_vnni(job, t, r0, 7); break;
-        case 6: block_vnni(job, t, r0, 6); break;
-        case 5: block_vnni(job, t, r0, 5); break;
-        case 4: block_vnni(job, t, r0, 4); break;
-        case 3: block_vnni(job, t, r0, 3); break;
-        case 2: block_vnni(job, t, r0, 2); break;
-        case 1: block_vnni(job, t, r0, 1); break;
+        case 11: block_vnni(job, t, r0, 11, nibbles); break;
+        case 10: block_vnni(job, t, r0, 10, nibbles); break;
+        case 9: block_vnni(job, t, r0, 9, nibbles); break;
+        case 8: block_vnni(job, t, r0, 8, nibbles); break;
+        case 7: block_vnni(job, t, r0, 7, nibbles); break;
+        case 6: block_vnni(job, t, r0, 6, nibbles); break;
+        case 5: block_vnni(job, t, r0, 5, nibbles); break;
+        case 4: block_vnni(job, t, r0, 4, nibbles); break;
+        case 3: block_vnni(job, t, r0, 3, nibbles); break;
+        case 2: block_vnni(job, t, r0, 2, nibbles); break;
+        case 1: block_vnni(job, t, r0, 1, nibbles); break;
         default: break;
     }
 }
+
+/* A tile's rows with 8-bit or (linear4) 4-bit weights: two instances of one loop. */
+__attribute__((target(VNNI_TARGET))) static void tile_vnni(const job_t *job, Py_ssize_t t) { rows_vnni(job, t, 0); }
+__attribute__((target(VNNI_TARGET))) static void tile_vnni4(const job_t *job, Py_ssize_t t) { rows_vnni(job, t, 1); }
 #ifdef WMARK_AMX
 /*
  * ---- AMX: blocks of 32 rows x one packed tile (32 channels) on the tile unit ----
@@ -369,6 +411,16 @@ static void run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
     }
 #endif
     for (Py_ssize_t t = first; t < last; t++) {
+        if (job->nibbles) {
+#ifdef WMARK_X86
+            if (job->backend == AVX512VNNI) {
+                tile_vnni4(job, t);
+                continue;
+            }
+#endif
+            tile_portable4(job, t);
+            continue;
+        }
 #ifdef WMARK_X86
         if (job->backend == AVX512VNNI) {
             tile_vnni(job, t);
@@ -609,6 +661,75 @@ static void pack_rows(const int8_t *src, uint8_t *dst, int32_t *sums, Py_ssize_t
     }
 }
 
+/* Round to nearest, ties to even (as torch.round), for |x| < 2^22: adding and subtracting
+ * 1.5 x 2^23 leaves no fraction bits (IEEE arithmetic: without -ffast-math the compiler keeps
+ * both operations); no libm call, so the loop vectorises. */
+static inline float round_even(float x) { return (x + 12582912.0f) - 12582912.0f; }
+
+/* The packed 8-bit weights `p8` of an (n, k) layer re-quantised to 4 bits per output channel:
+ * each channel's weights divided by step = max(peak, 1) / 7 (peak: its largest |weight|),
+ * rounded, clamped to [-8, 7]; written in the 4-bit layout (see linear4) with each channel's
+ * step and its sum of 4-bit values. One pass over the tile for the peaks, one to pack. */
+static void pack4_tiles(const uint8_t *p8, uint8_t *p4, int32_t *colsum, float *step, Py_ssize_t n, Py_ssize_t k) {
+    const Py_ssize_t groups = groups_of(k);
+    for (Py_ssize_t t = 0; t < tiles_of(n); t++) {
+        const int8_t *src = (const int8_t *)(p8 + t * groups * GROUP);
+        uint8_t *dst = p4 + t * groups * GROUP4;
+        int peak[TILE] = {0};
+        for (Py_ssize_t g = 0; g < groups; g++)
+            for (int b = 0; b < GROUP; b++) {
+                const int v = src[g * GROUP + b] < 0 ? -src[g * GROUP + b] : src[g * GROUP + b];
+                if (v > peak[b / 4]) peak[b / 4] = v;
+            }
+        float unit[TILE];
+        int32_t sums[TILE] = {0};
+        for (int j = 0; j < TILE; j++) unit[j] = step[t * TILE + j] = (float)(peak[j] < 1 ? 1 : peak[j]) / 7.0f;
+        for (Py_ssize_t g = 0; g < groups; g++)
+            for (int b = 0; b < GROUP4; b++) {
+                float lo = round_even((float)src[g * GROUP + b] / unit[b / 4]);
+                float hi = round_even((float)src[g * GROUP + 64 + b] / unit[16 + b / 4]);
+                lo = lo < -8.0f ? -8.0f : lo > 7.0f ? 7.0f : lo;
+                hi = hi < -8.0f ? -8.0f : hi > 7.0f ? 7.0f : hi;
+                sums[b / 4] += (int32_t)lo;
+                sums[16 + b / 4] += (int32_t)hi;
+                dst[g * GROUP4 + b] = (uint8_t)(((int)lo + 8) | (((int)hi + 8) << 4));
+            }
+        for (int j = 0; j < TILE; j++) colsum[t * TILE + j] = sums[j];
+    }
+}
+
+PyDoc_STRVAR(pack4_doc,
+             "pack4(packed, packed4, colsum4, step, n, k)\n\n"
+             "Re-quantise the packed 8-bit weights of an (n, k) layer to 4 bits per output channel\n"
+             "(weight / step, rounded half to even, clamped to [-8, 7]; step = max(peak, 1) / 7): write them\n"
+             "into packed4 (uint8, packed_size(n, k) / 2 bytes), their sums into colsum4 (int32, 32 x\n"
+             "ceil(n / 32)) and each channel's step into step (float32, 32 x ceil(n / 32)).");
+
+static PyObject *pack4(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *objs[4];
+    Py_ssize_t n, k;
+    if (!PyArg_ParseTuple(args, "OOOOnn", &objs[0], &objs[1], &objs[2], &objs[3], &n, &k)) return NULL;
+    if (n <= 0 || k <= 0) {
+        PyErr_SetString(PyExc_ValueError, "pack4: n and k must be positive");
+        return NULL;
+    }
+    const Py_ssize_t need[4] = {tiles_of(n) * groups_of(k) * GROUP, tiles_of(n) * groups_of(k) * GROUP4,
+                                tiles_of(n) * TILE * 4, tiles_of(n) * TILE * 4};
+    static const char *names[4] = {"packed", "packed4", "colsum4", "step"};
+    Py_buffer views[4];
+    int got = 0;
+    for (; got < 4; got++)
+        if (get_buffer(objs[got], &views[got], got > 0, names[got], need[got]) < 0) break;
+    if (got == 4) {
+        Py_BEGIN_ALLOW_THREADS pack4_tiles(views[0].buf, views[1].buf, views[2].buf, views[3].buf, n, k);
+        Py_END_ALLOW_THREADS
+    }
+    for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    if (got < 4) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *packed_size(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t n, k;
@@ -685,8 +806,7 @@ PyDoc_STRVAR(linear_doc,
              "peak; packed/colsum from pack(); scale: float32 (n); bias: float32 (n) or None; out: float32\n"
              "(m, n), written. Runs on `threads` threads (this module's own), releasing the GIL.");
 
-static PyObject *linear(PyObject *self, PyObject *args) {
-    (void)self;
+static PyObject *linear_call(PyObject *args, int nibbles) {
     PyObject *objs[6];
     Py_ssize_t m, n, k;
     int threads;
@@ -699,7 +819,8 @@ static PyObject *linear(PyObject *self, PyObject *args) {
     }
     const int has_bias = objs[4] != Py_None;
     const Py_ssize_t groups = groups_of(k), kp = groups * 4;
-    const Py_ssize_t need[6] = {m * k * 4, tiles_of(n) * groups * GROUP, tiles_of(n) * TILE * 4, n * 4, n * 4, m * n * 4};
+    const Py_ssize_t need[6] = {m * k * 4, tiles_of(n) * groups * (nibbles ? GROUP4 : GROUP), tiles_of(n) * TILE * 4,
+                                n * 4, n * 4, m * n * 4};
     static const char *names[6] = {"x", "packed", "colsum", "scale", "bias", "out"};
     Py_buffer views[6];
     int got = 0;
@@ -719,8 +840,9 @@ static PyObject *linear(PyObject *self, PyObject *args) {
     {
         /* the "amx" build runs blocks of AMX_MIN_ROWS rows or more, over whole 64-column chunks,
          * on the tile unit, and everything else as avx512vnni */
-        const int tiles = active_backend == AMX && m >= AMX_MIN_ROWS && groups % 16 == 0;
-        const int backend = tiles ? AMX_TILES : active_backend == AMX ? AVX512VNNI : active_backend;
+        const int tiles = !nibbles && active_backend == AMX && m >= AMX_MIN_ROWS && groups % 16 == 0;
+        int backend = tiles ? AMX_TILES : active_backend == AMX ? AVX512VNNI : active_backend;
+        if (nibbles && backend == AVX2) backend = PORTABLE; /* 4-bit weights: VNNI or portable */
         const int rounding = tiles ? AVX512VNNI : backend;
         const Py_ssize_t rows = tiles ? (m + 15) / 16 * 16 : m; /* whole tiles of rows, zeros past m */
         int8_t *q = tiles ? calloc((size_t)rows, (size_t)kp) : malloc((size_t)(m * kp));
@@ -734,7 +856,7 @@ static PyObject *linear(PyObject *self, PyObject *args) {
             goto done;
         }
         job_t job = {views[1].buf, views[2].buf, views[3].buf, has_bias ? views[4].buf : NULL, q, aux, rowscale,
-                     views[5].buf, m, n, groups, backend};
+                     views[5].buf, m, n, groups, backend, nibbles};
         Py_BEGIN_ALLOW_THREADS quantise_rows(views[0].buf, m, k, kp, rounding, q, aux, rowscale);
         pthread_mutex_lock(&call_lock);
         run_job(&job, threads < 1 ? 1 : threads);
@@ -749,6 +871,23 @@ done:
     for (int i = 0; i < got; i++)
         if (views[i].obj != NULL) PyBuffer_Release(&views[i]);
     return result;
+}
+
+static PyObject *linear(PyObject *self, PyObject *args) {
+    (void)self;
+    return linear_call(args, 0);
+}
+
+PyDoc_STRVAR(linear4_doc,
+             "linear4(x, packed, colsum, scale, bias, out, m, n, k, threads)\n\n"
+             "linear() over 4-bit weights (values -8..7, a scale per channel): packed holds\n"
+             "packed_size(n, k) / 2 bytes, byte j of a 64-byte group the 8-bit layout's bytes j (low\n"
+             "nibble) and 64 + j (high), each plus 8; colsum the channels' sums of the 4-bit values. Exact\n"
+             "integer sums as linear(); VNNI CPUs run it vectorised, others portable C (slow).");
+
+static PyObject *linear4(PyObject *self, PyObject *args) {
+    (void)self;
+    return linear_call(args, 1);
 }
 
 static PyObject *backend(PyObject *self, PyObject *unused) {
@@ -801,6 +940,8 @@ static PyMethodDef methods[] = {
     {"pack", pack, METH_VARARGS, pack_doc},
     {"unpack", unpack, METH_VARARGS, "unpack(packed, weight, n, k): the int8 (n, k) weights back."},
     {"linear", linear, METH_VARARGS, linear_doc},
+    {"linear4", linear4, METH_VARARGS, linear4_doc},
+    {"pack4", pack4, METH_VARARGS, pack4_doc},
     {"backend", backend, METH_NOARGS, "The build that runs now: 'amx', 'avx512vnni', 'avx2' or 'portable'."},
     {"backends", backends, METH_NOARGS, "The builds this CPU can run, fastest first."},
     {"use_backend", use_backend, METH_VARARGS, "use_backend(name): run that build (tests compare them)."},

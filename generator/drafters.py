@@ -8,8 +8,10 @@
 - a model folder or cached HF id: that model as it is.
 
 A draft model attends with stock SDPA (`HFModel.exact_attention` off) unless it is the target
-itself: it only proposes, so the batch invariance the target needs buys it nothing. Its
-forwards also bypass transformers' generic decoder where the architecture allows
+itself: it only proposes, so the batch invariance the target needs buys it nothing. For the same
+reason its int8 layers are cut to 4-bit weights where the CPU runs them vectorised
+(`wmark.generator.draft_int4`: half the bytes a memory-bound forward reads). Its forwards also
+bypass transformers' generic decoder where the architecture allows
 (`wmark.generator.draft_forward`).
 Every choice leaves the text unchanged (the target's race winners); it moves speed only.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 from wmark.generator.backend import LanguageModel
 from wmark.generator.draft_forward import lean_decoder
 from wmark.generator.draft_head import TruncatedHead, truncate_head
+from wmark.generator.draft_int4 import cut_to_int4, int4_pays
 from wmark.generator.hf_backend import HFModel
 from wmark.generator.hybrid_drafter import HybridDrafter
 from wmark.generator.names import AUTO, EMBEDDED, NGRAM
@@ -36,8 +39,13 @@ def drafter_model_source(drafter: str, target: str) -> str | None:
     return drafter
 
 
-def build_drafter(drafter: str, target: LanguageModel, model: LanguageModel | None) -> LanguageModel:
-    """The drafter named `drafter`, given the target and the model `drafter_model_source` loaded."""
+def build_drafter(
+    drafter: str, target: LanguageModel, model: LanguageModel | None, *, int4: bool | None = None
+) -> LanguageModel:
+    """The drafter named `drafter`, given the target and the model `drafter_model_source` loaded.
+
+    `int4`: cut a draft model's int8 layers to 4-bit weights (None: where `int4_pays()`).
+    """
     if model is None:
         if drafter not in (NGRAM, AUTO):
             raise ValueError(f"the drafter {drafter} needs its model loaded")
@@ -47,5 +55,7 @@ def build_drafter(drafter: str, target: LanguageModel, model: LanguageModel | No
         truncate_head(model)
     if isinstance(model, HFModel) and model is not target:
         model.exact_attention = False
+        if int4_pays() if int4 is None else int4:
+            cut_to_int4(model.model)
         model.lean = lean_decoder(model.model)
     return HybridDrafter(model) if drafter == AUTO else model

@@ -32,7 +32,7 @@ import contextvars
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import safetensors.torch
 import torch
@@ -104,16 +104,21 @@ class RowInt8Linear(nn.Module):
         shape: tuple[int, int],
         scale: torch.Tensor,
         bias: torch.Tensor | None,
-    ) -> RowInt8Linear:
+    ) -> Self:
         """A layer over weights already in the kernel's layout (`packed_weights` of another)."""
         out, inp = shape
-        if packed.numel() != _int8_gemm.packed_size(out, inp) or colsum.numel() != -(-out // 32) * 32:
+        if packed.numel() != cls._packed_bytes(out, inp) or colsum.numel() != -(-out // 32) * 32:
             raise ValueError(f"packed weights do not fit a {out} x {inp} layer")
         layer = cls(torch.empty(0, 0, dtype=torch.int8), scale, bias)
         layer.out_features, layer.in_features = out, inp
         layer._weight = None
         layer._packed, layer._colsum = packed, colsum
         return layer
+
+    @staticmethod
+    def _packed_bytes(out: int, inp: int) -> int:
+        """Bytes of the kernel's layout of an (out, inp) layer's weights."""
+        return _int8_gemm.packed_size(out, inp)
 
     @property
     def packed(self) -> bool:
@@ -168,11 +173,15 @@ class RowInt8Linear(nn.Module):
         packed_np, colsum_np, scale_np, bias_np = self._views
         rows = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
         out = torch.empty(rows.shape[0], self.out_features)
-        _int8_gemm.linear(
+        self._gemm()(
             rows.numpy(), packed_np, colsum_np, scale_np, bias_np, out.numpy(),
             rows.shape[0], self.out_features, self.in_features, torch.get_num_threads(),
         )  # fmt: skip
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _gemm(self) -> Any:
+        """The kernel call for these weights (`_int8_gemm.linear`; 4-bit layers take `linear4`)."""
+        return _int8_gemm.linear
 
 
 class RowFloatLinear(nn.Module):
