@@ -28,6 +28,8 @@
  * signed bytes directly, 16 rows x 16 channels x 64 columns per instruction, and reads the
  * packed layout as it is (a tile's group of 4 columns is one 64-byte row of a B tile for 16
  * channels). Fewer rows, or widths that are not a multiple of 64, run the avx512vnni code.
+ * linear4 runs the VNNI loop (or portable C) over 4-bit weights, two a byte, unpacked to the
+ * same registers (draft models only: wmark.generator.draft_int4).
  * Compile with -ffp-contract=off: the scaling is two multiplications and an addition, in that
  * order, never fused, so it rounds like the torch expression it replaced.
  */
