@@ -163,10 +163,11 @@ def main() -> None:
         secret=Secret(hashlib.sha256(b"bench key").digest()),
         spec=WatermarkSpec(tokenizer=tok.ref),
     )
-    drafters = {}  # a name ending in "@8" keeps the draft model's int8 weights (on a copy)
-    for d in sorted({SETTINGS[n].drafter for n in names} - {None}, key=lambda d: not d.endswith("@8")):
-        if d is None:
-            continue
+    # a name ending in "@8" keeps the draft model's int8 weights, on a copy taken first (the 4-bit
+    # cut of the others is in place)
+    wanted = {s.drafter for s in (SETTINGS[n] for n in names) if s.drafter is not None}
+    drafters = {}
+    for d in sorted(wanted, key=lambda d: not d.endswith("@8")):
         name, eight = d.removesuffix("@8"), d.endswith("@8")
         model = pair.drafter if drafter_model_source(name, "embedded") else None
         if eight and model is not None:

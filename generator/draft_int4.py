@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from wmark.generator import _int8_gemm
-from wmark.generator.fused import _Slice
+from wmark.generator.fused import replace_int8_layers
 from wmark.generator.rowwise import RowInt8Linear
 
 __all__ = ["RowInt4Linear", "cut_to_int4", "int4_pays"]
@@ -79,16 +79,7 @@ class RowInt4Linear(RowInt8Linear):
 
 def cut_to_int4(model: nn.Module) -> int:
     """Replace every int8 layer of `model` (a drafter; in place) by its 4-bit form, fused groups'
-    included; returns how many were cut. Layers already 4-bit, or not int8, are left alone."""
-    cut = 0
-    for module in list(model.modules()):
-        if isinstance(module, _Slice):
-            if type(module.group.linear) is RowInt8Linear:
-                module.group.linear = RowInt4Linear.from_int8(module.group.linear)
-                cut += 1
-            continue
-        for name, child in list(module.named_children()):
-            if type(child) is RowInt8Linear:
-                setattr(module, name, RowInt4Linear.from_int8(child))
-                cut += 1
-    return cut
+    included; returns how many were cut. Layers already 4-bit are left alone."""
+    return replace_int8_layers(
+        model, lambda layer: RowInt4Linear.from_int8(layer) if type(layer) is RowInt8Linear else None
+    )

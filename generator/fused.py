@@ -17,7 +17,7 @@ output is bit for bit what its own layer gave (tests/unit/generator/test_fused.p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 
 import torch
@@ -32,6 +32,7 @@ __all__ = [
     "group_name",
     "install_group",
     "int8_layers",
+    "replace_int8_layers",
     "stacked_layer",
 ]
 
@@ -146,6 +147,23 @@ def int8_layers(model: nn.Module) -> list[RowInt8Linear]:
         if isinstance(layer, RowInt8Linear):
             found.setdefault(id(layer), layer)
     return list(found.values())
+
+
+def replace_int8_layers(model: nn.Module, convert: Callable[[RowInt8Linear], RowInt8Linear | None]) -> int:
+    """Put `convert(layer)` in place of each `RowInt8Linear` that `model`'s forward runs, its own
+    and its fused groups', where `convert` gives one (None: keep the layer); returns how many."""
+    replaced = 0
+    for module in list(model.modules()):
+        if isinstance(module, _Slice):
+            if (new := convert(module.group.linear)) is not None:
+                module.group.linear = new
+                replaced += 1
+            continue
+        for name, child in list(module.named_children()):
+            if isinstance(child, RowInt8Linear) and (new := convert(child)) is not None:
+                setattr(module, name, new)
+                replaced += 1
+    return replaced
 
 
 def stacked_layer(members: list[nn.Module]) -> RowInt8Linear | None:
