@@ -3,15 +3,20 @@
     WMARK_HOME=... .venv/bin/python bench/busy_cpu.py [--tokens 48] [--rounds 3]
 
 basic-uwm on the embedded pair (int8, 48 tokens) runs alternately "quiet" (the machine as it is)
-and "busy" (plus one process spinning on a core, started and stopped by this script), under two
+and "busy" (plus one process spinning on a core, started and stopped by this script), under three
 settings, each in a process of its own because OpenMP reads its wait policy once at start:
 
-- wmark: threads chosen from the cores free before each run (`choose_threads`), waiting
-  OpenMP threads sleep (`OMP_WAIT_POLICY=PASSIVE`): what `wmark generate` does;
-- torch default: one thread per core, OpenMP's default wait policy (wmark before this change).
+- wmark: threads planned from the cores free before each run (`plan_threads`: torch on the free
+  cores, the int8 GEMM on one more thread whose workers sleep between calls when a core is busy),
+  waiting OpenMP threads sleep (`OMP_WAIT_POLICY=PASSIVE`): what `wmark generate` does;
+- free cores only: torch and the GEMM both on the free cores, GEMM workers spinning briefly
+  between calls (wmark before the GEMM's dynamic chunks);
+- torch default: one thread per core, OpenMP's default wait policy.
 
 Prints tokens/s (median over rounds) per setting and condition, the busy/quiet ratio, the thread
-counts used and the load average seen before each run: the machine is shared, so say how busy it was.
+counts used (torch + GEMM, "p" where GEMM workers sleep between calls) and the load average seen
+before each run (the machine is shared, so say how busy it was), and whether every run of a round
+gave the same text (it must: threads change only the speed).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import time
 from pathlib import Path
 
 SETTINGS = {
-    "wmark (free cores, passive wait)": ("auto", {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "wmark (plan_threads)": ("plan", {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "free cores only (torch and GEMM)": ("free", {"OMP_WAIT_POLICY": "PASSIVE"}),
     "torch default (all cores, default wait)": ("all", {}),
 }
 _THREAD_SETTINGS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "WMARK_THREADS")  # each setting sets its own
@@ -36,11 +42,9 @@ PROMPT = "Explain like I'm five: why is the sky blue?"
 
 def child(mode: str, tokens: int, rounds: int) -> None:
     """Load once, then alternate quiet and busy runs; one JSON line per run on stdout."""
-    import torch
-
     from wmark import KeyMaterial, Secret, WatermarkSpec
     from wmark.detector import TextTokenizer
-    from wmark.generator.cpu_threads import choose_threads
+    from wmark.generator.cpu_threads import ThreadPlan, apply_threads, plan_threads
     from wmark.generator.embedded import embedded_tokenizer_json
     from wmark.generator.engine import SamplerConfig, generate
     from wmark.generator.loading import load_pair
@@ -61,25 +65,31 @@ def child(mode: str, tokens: int, rounds: int) -> None:
                 time.sleep(0.5)  # let it take its core before the threads are chosen
             try:
                 load = os.getloadavg()[0]
-                threads = choose_threads() if mode == "auto" else os.cpu_count() or 1
-                torch.set_num_threads(threads)
+                plan = plan_threads()
+                if mode == "free":
+                    plan = ThreadPlan(plan.torch_threads, plan.torch_threads, "active")
+                elif mode == "all":
+                    cores = len(os.sched_getaffinity(0))
+                    plan = ThreadPlan(cores, cores, "active")
+                apply_threads(plan)
                 out = generate(pair.target, ids, config=config, key=key, seed=r)
             finally:
                 if spinner is not None:
                     spinner.kill()
                     spinner.wait()
             rate = len(out.token_ids) / out.timings.total
-            print(
-                json.dumps({"condition": condition, "threads": threads, "load": load, "rate": rate}),
-                flush=True,
-            )
+            wait = "p" if plan.gemm_wait == "passive" else ""
+            threads = f"{plan.torch_threads}+{plan.gemm_threads}{wait}"
+            row = {"condition": condition, "threads": threads, "load": load, "rate": rate}
+            row["text"] = out.token_ids
+            print(json.dumps(row), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--child", choices=["auto", "all"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=[mode for mode, _env in SETTINGS.values()], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.tokens, args.rounds)
@@ -89,6 +99,7 @@ def main() -> None:
         "| setting | quiet tokens/s | busy tokens/s | busy / quiet | threads quiet / busy | load avg seen |"
     )
     print("|---|---|---|---|---|---|")
+    texts: dict[int, set[tuple[int, ...]]] = {}
     for name, (mode, env) in SETTINGS.items():
         proc = subprocess.run(
             [
@@ -107,6 +118,8 @@ def main() -> None:
             check=True,
         )
         runs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        for i, run in enumerate(runs):
+            texts.setdefault(i // 2, set()).add(tuple(run["text"]))
         rate = {
             c: statistics.median(r["rate"] for r in runs if r["condition"] == c) for c in ("quiet", "busy")
         }
@@ -117,6 +130,8 @@ def main() -> None:
             f"| {threads['quiet']} / {threads['busy']} | {min(loads):.1f}-{max(loads):.1f} |",
             flush=True,
         )
+    same = all(len(variants) == 1 for variants in texts.values())
+    print(f"\nevery run of a round gave the same text: {'yes' if same else 'NO'}")
 
 
 if __name__ == "__main__":

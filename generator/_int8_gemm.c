@@ -439,54 +439,101 @@ static void run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
 
 /*
  * ---- a small pool of worker threads ----
- * A call splits its tiles into equal contiguous ranges, one per thread; the caller runs the
- * first. Every started worker takes part in every call (with an empty range where the call
- * uses fewer threads), and the caller returns only when all of them are done, so no worker can
- * read one call's parameters while the next call writes them. Workers spin briefly for the
- * next call (a forward makes ~100 calls back to back), then sleep on a condition variable, so an
- * idle or busy machine does not lose a core to spinning.
+ * A call cuts its tiles into contiguous chunks that the threads claim in turn (the caller takes
+ * part), largest first: an eighth of a thread's share while much is left, then half of what is
+ * left per thread, down to one tile. Which thread computes a tile does not change its sums.
+ * The caller waits only for chunks that a worker has claimed and not finished, never for a
+ * worker to show up: a worker that wakes late or shares its core with another process simply
+ * claims fewer chunks (none if the call is over when it runs). So that a late worker can never
+ * mix two calls, a claim is one compare-and-swap of a word holding the call's number (epoch),
+ * its thread count and chunk count and the next chunk: a worker reads a call's parameters only
+ * after a claim in that call has succeeded, and the caller publishes the next call only after
+ * every claimed chunk is done.
+ * Waiting for the next call: "active" workers spin briefly (a forward makes ~100 calls back to
+ * back), then sleep on a condition variable; "passive" ones sleep at once, for workers on cores
+ * that another process uses, where spinning would spend the worker's share of the core idle.
  */
 #define MAX_THREADS 64
+#define MAX_CHUNKS 512
 #define SPIN_ROUNDS 20000
+
+/* The claim word: epoch (32 bits) | threads (8) | chunks (12) | next chunk (12). */
+#define CLAIM_NEXT(w) ((int)((w)&0xFFF))
+#define CLAIM_CHUNKS(w) ((int)(((w) >> 12) & 0xFFF))
+#define CLAIM_THREADS(w) ((int)(((w) >> 24) & 0xFF))
+#define CLAIM_EPOCH(w) ((uint32_t)((w) >> 32))
 
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER; /* one call at a time uses the pool */
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the workers' sleep */
 static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
-static int pool_started = 0;             /* worker threads started (they never exit) */
-static atomic_uint_fast64_t pool_epoch;  /* incremented by each call */
-static atomic_int pool_pending;          /* workers still busy with this call */
-static const job_t *pool_job;
-static Py_ssize_t pool_ranges[MAX_THREADS + 1];
-static uint_fast64_t pool_birth[MAX_THREADS]; /* the epoch before each worker's first call */
+static int pool_started = 0;               /* worker threads started (they never exit) */
+static atomic_int pool_spin = SPIN_ROUNDS; /* rounds a worker spins before sleeping (0: passive) */
+static _Atomic uint64_t pool_claim;        /* the claim word of the current call */
+static atomic_int pool_done;               /* chunks of the current call finished */
+static const job_t *pool_job;              /* the current call's parameters ... */
+static Py_ssize_t pool_bounds[MAX_CHUNKS + 1]; /* ... chunk i is tiles bounds[i] .. bounds[i + 1] */
+
+/* Cut `tiles` into chunks for `threads` threads (see above); returns the count. */
+static int cut_chunks(Py_ssize_t tiles, int threads, Py_ssize_t *bounds) {
+    const Py_ssize_t cap = (tiles + 8 * threads - 1) / (8 * threads);
+    int chunks = 0;
+    Py_ssize_t done = 0;
+    bounds[0] = 0;
+    while (done < tiles) {
+        Py_ssize_t size = (tiles - done + 2 * threads - 1) / (2 * threads);
+        if (size > cap) size = cap;
+        if (chunks == MAX_CHUNKS - 1) size = tiles - done;
+        done += size;
+        bounds[++chunks] = done;
+    }
+    return chunks;
+}
+
+/* Claim and run chunks of the call in `word` (thread `id`; the caller is 0) until none is left;
+ * returns the word last seen, whose epoch is a call this thread has finished with. */
+static uint64_t take_chunks(uint64_t word, int id) {
+    for (;;) {
+        if (id >= CLAIM_THREADS(word) || CLAIM_NEXT(word) >= CLAIM_CHUNKS(word)) return word;
+        if (!atomic_compare_exchange_weak_explicit(&pool_claim, &word, word + 1, memory_order_acquire,
+                                                   memory_order_acquire))
+            continue; /* word now holds what is there: another claim, or the next call */
+        const int i = CLAIM_NEXT(word);
+        run_tiles(pool_job, pool_bounds[i], pool_bounds[i + 1]);
+        atomic_fetch_add_explicit(&pool_done, 1, memory_order_release);
+        word = atomic_load_explicit(&pool_claim, memory_order_acquire);
+    }
+}
 
 static void *worker(void *arg) {
     const int id = (int)(intptr_t)arg;
-    uint_fast64_t seen = pool_birth[id];
+    uint32_t seen = CLAIM_EPOCH(take_chunks(atomic_load_explicit(&pool_claim, memory_order_acquire), id));
     for (;;) {
-        int spins = 0;
-        uint_fast64_t now;
-        while ((now = atomic_load_explicit(&pool_epoch, memory_order_acquire)) == seen && spins < SPIN_ROUNDS) {
+        const int rounds = atomic_load_explicit(&pool_spin, memory_order_relaxed);
+        uint64_t word = atomic_load_explicit(&pool_claim, memory_order_acquire);
+        for (int spins = 0; CLAIM_EPOCH(word) == seen && spins < rounds; spins++) {
 #ifdef WMARK_X86
             _mm_pause();
 #endif
-            spins++;
+            word = atomic_load_explicit(&pool_claim, memory_order_acquire);
         }
-        if (now == seen) {
+        if (CLAIM_EPOCH(word) == seen) {
             pthread_mutex_lock(&pool_lock);
-            while ((now = atomic_load_explicit(&pool_epoch, memory_order_acquire)) == seen)
+            while (CLAIM_EPOCH(word = atomic_load_explicit(&pool_claim, memory_order_acquire)) == seen)
                 pthread_cond_wait(&pool_wake, &pool_lock);
             pthread_mutex_unlock(&pool_lock);
         }
-        seen = now;
-        run_tiles(pool_job, pool_ranges[id], pool_ranges[id + 1]);
-        atomic_fetch_sub_explicit(&pool_pending, 1, memory_order_release);
+        seen = CLAIM_EPOCH(take_chunks(word, id));
     }
     return NULL;
 }
 
-/* A forked child has only the thread that forked: it starts its own workers when it needs them. */
+/* A forked child has only the thread that forked: it starts its own workers when it needs them,
+ * and a call that another thread of the parent was running is closed to claims. */
 static void pool_after_fork(void) {
     pool_started = 0;
+    const uint64_t word = atomic_load_explicit(&pool_claim, memory_order_relaxed);
+    atomic_store_explicit(&pool_claim, (word & ~(uint64_t)0xFFF) | (uint64_t)CLAIM_CHUNKS(word),
+                          memory_order_relaxed);
     pthread_mutex_init(&call_lock, NULL);
     pthread_mutex_init(&pool_lock, NULL);
     pthread_cond_init(&pool_wake, NULL);
@@ -503,27 +550,28 @@ static void run_job(const job_t *job, int threads) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pool_birth[pool_started + 1] = atomic_load_explicit(&pool_epoch, memory_order_relaxed);
         const int failed = pthread_create(&thread, &attr, worker, (void *)(intptr_t)(pool_started + 1));
         pthread_attr_destroy(&attr);
         if (failed) break;
         pool_started++;
     }
     if (threads > pool_started + 1) threads = pool_started + 1;
-    if (threads <= 1 || pool_started == 0) {
+    if (threads <= 1) {
         run_tiles(job, 0, tiles);
         return;
     }
-    for (int i = 0; i <= pool_started + 1; i++) pool_ranges[i] = i < threads ? tiles * i / threads : tiles;
     pool_job = job;
-    atomic_store_explicit(&pool_pending, pool_started, memory_order_relaxed);
+    const int chunks = cut_chunks(tiles, threads, pool_bounds);
+    atomic_store_explicit(&pool_done, 0, memory_order_relaxed);
+    const uint64_t epoch = CLAIM_EPOCH(atomic_load_explicit(&pool_claim, memory_order_relaxed)) + 1u;
+    const uint64_t word = epoch << 32 | (uint64_t)threads << 24 | (uint64_t)chunks << 12;
     pthread_mutex_lock(&pool_lock);
-    atomic_fetch_add_explicit(&pool_epoch, 1, memory_order_release);
+    atomic_store_explicit(&pool_claim, word, memory_order_release);
     pthread_cond_broadcast(&pool_wake);
     pthread_mutex_unlock(&pool_lock);
-    run_tiles(job, pool_ranges[0], pool_ranges[1]);
+    take_chunks(word, 0);
     int spins = 0;
-    while (atomic_load_explicit(&pool_pending, memory_order_acquire) > 0) {
+    while (atomic_load_explicit(&pool_done, memory_order_acquire) < chunks) {
         if (++spins > SPIN_ROUNDS) sched_yield();
 #ifdef WMARK_X86
         else _mm_pause();
@@ -937,6 +985,20 @@ static PyObject *prefetch(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(far_prefetch ? "far" : "near");
 }
 
+static PyObject *wait_policy(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name = NULL;
+    if (!PyArg_ParseTuple(args, "|s", &name)) return NULL;
+    if (name != NULL) {
+        if (strcmp(name, "active") != 0 && strcmp(name, "passive") != 0) {
+            PyErr_Format(PyExc_ValueError, "wait_policy: %s is not 'active' or 'passive'", name);
+            return NULL;
+        }
+        atomic_store_explicit(&pool_spin, strcmp(name, "active") == 0 ? SPIN_ROUNDS : 0, memory_order_relaxed);
+    }
+    return PyUnicode_FromString(atomic_load_explicit(&pool_spin, memory_order_relaxed) ? "active" : "passive");
+}
+
 static PyMethodDef methods[] = {
     {"packed_size", packed_size, METH_VARARGS, "packed_size(n, k): bytes of the packed weights of n x k."},
     {"pack", pack, METH_VARARGS, pack_doc},
@@ -950,6 +1012,10 @@ static PyMethodDef methods[] = {
     {"prefetch", prefetch, METH_VARARGS,
      "prefetch([policy]): the weight prefetch, 'near' (L1, AMD's default) or 'far' (L2, Intel's);\n"
      "sets it when given (benchmarks compare them; the bits do not change)."},
+    {"wait_policy", wait_policy, METH_VARARGS,
+     "wait_policy([policy]): how idle workers wait for the next call, 'active' (spin briefly, then\n"
+     "sleep) or 'passive' (sleep at once: for workers on cores that other processes use); sets it\n"
+     "when given."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.generator._int8_gemm",

@@ -1,11 +1,23 @@
-"""How many CPU threads torch computes with: as many as there are cores free right now.
+"""How many CPU threads wmark computes with: chosen from the cores free right now.
 
 Torch's default, one thread per core with OpenMP threads spinning while they wait, collapses
 when another process holds a core: every parallel region waits for the thread that shares the
 busy core (measured: `basic-uwm` fell from 9.5 to 1.3 tokens/s with one of two cores busy). So
 before a model is loaded, wmark counts the cores that sat idle over a short window (/proc/stat)
-and uses that many threads. An explicit count, `WMARK_THREADS` or `OMP_NUM_THREADS` overrides
-the measurement.
+and plans (`ThreadPlan`):
+
+- torch's own ops (norms, attention, sampling) run on that many threads: they synchronise at
+  every op, so a thread on a busy core would hold each one up;
+- wmark's int8 GEMM, the bulk of a forward, runs on one thread more when a core is busy (at most
+  one per allowed core), whose workers sleep between calls ("passive"): its calls hand out
+  chunks dynamically and never wait for a late thread (`wmark.generator._int8_gemm`), so the
+  extra thread adds whatever share of the busy core the scheduler gives it, and a thread that
+  sleeps between calls is run promptly when woken. On a 2-core Xeon with one core busy, this
+  took `basic-uwm` from 0.62x to ~0.75x of its quiet speed (BENCHMARKS.md). On a quiet machine
+  the workers spin briefly between calls ("active"), which measured 6 % faster than sleeping.
+
+An explicit count (`load_pair(threads=...)`, `WMARK_THREADS` or `OMP_NUM_THREADS`) is used for
+both, with active waiting: the user has chosen.
 
 The CLI also asks OpenMP to let waiting threads sleep instead of spin (`OMP_WAIT_POLICY=PASSIVE`,
 unless set): OpenMP reads it once, when torch is imported, before any load could measure the
@@ -17,12 +29,30 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-__all__ = ["THREADS_ENV", "choose_threads", "free_cores", "prefer_passive_wait"]
+__all__ = [
+    "THREADS_ENV",
+    "ThreadPlan",
+    "apply_threads",
+    "free_cores",
+    "plan_threads",
+    "prefer_passive_wait",
+]
 
 THREADS_ENV = "WMARK_THREADS"
 _STAT = Path("/proc/stat")
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """Threads for torch's ops and for the int8 GEMM, and how idle GEMM workers wait."""
+
+    torch_threads: int
+    gemm_threads: int
+    gemm_wait: Literal["active", "passive"]
 
 
 def _cpu_times() -> dict[int, tuple[int, int]]:
@@ -53,29 +83,54 @@ def free_cores(window_s: float = 0.25) -> float | None:
     return free
 
 
-def choose_threads(requested: int | None = None) -> int:
-    """Threads to compute with: `requested`, else `$WMARK_THREADS` or `$OMP_NUM_THREADS` (a
-    choice already made), else the cores free now.
-
-    A core counts as free when it was idle at least half of the window; at least one thread.
+def _requested(requested: int | None) -> int | None:
+    """`requested`, else `$WMARK_THREADS` or `$OMP_NUM_THREADS` (a choice already made), else None.
 
     Raises:
         ValueError: the variable that decides is not a positive integer.
     """
+    if requested is not None:
+        return max(1, requested)
     for variable in (THREADS_ENV, "OMP_NUM_THREADS"):
-        if requested is not None:
-            break
         if value := os.environ.get(variable):
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"{variable} must be a positive integer, got {value!r}")
-            requested = int(value)
-    if requested is not None:
-        return max(1, requested)
+            return int(value)
+    return None
+
+
+def plan_threads(requested: int | None = None) -> ThreadPlan:
+    """The plan for this machine now (see the module docstring).
+
+    A core counts as free when it was idle at least half of the window; torch gets at least
+    one thread.
+
+    Raises:
+        ValueError: the variable that decides is not a positive integer.
+    """
+    chosen = _requested(requested)
+    if chosen is not None:
+        return ThreadPlan(chosen, chosen, "active")
     cores = len(os.sched_getaffinity(0))
     free = free_cores()
     if free is None:
-        return cores
-    return max(1, min(cores, math.floor(free + 0.5)))
+        return ThreadPlan(cores, cores, "active")
+    threads = max(1, min(cores, math.floor(free + 0.5)))
+    if threads == cores:
+        return ThreadPlan(threads, threads, "active")
+    return ThreadPlan(threads, threads + 1, "passive")
+
+
+def apply_threads(plan: ThreadPlan) -> None:
+    """Make `plan` the process's: torch's thread count, the GEMM's threads and wait policy."""
+    import torch  # not at import: the CLI imports this module before torch (prefer_passive_wait)
+
+    from wmark.generator import _int8_gemm
+    from wmark.generator.rowwise import set_gemm_threads
+
+    torch.set_num_threads(plan.torch_threads)
+    set_gemm_threads(plan.gemm_threads)
+    _int8_gemm.wait_policy(plan.gemm_wait)
 
 
 def prefer_passive_wait() -> None:

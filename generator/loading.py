@@ -23,7 +23,7 @@ from transformers.utils import logging as hf_logging
 
 from wmark.errors import BackendError, InputError
 from wmark.generator import gguf_int8
-from wmark.generator.cpu_threads import choose_threads
+from wmark.generator.cpu_threads import apply_threads, plan_threads
 from wmark.generator.embedded import DRAFTER, TARGET, Weights, models_dir, prepare
 from wmark.generator.hf_backend import PRECISIONS, HFModel, prepare_model
 
@@ -180,8 +180,8 @@ def load_pair(
         drafter: the same, or None when the method needs no drafter.
         device: "cpu" or "cuda".
         precision: one of `PRECISIONS`; "auto" is int8 on CPU, bf16 on CUDA.
-        threads: CPU threads for torch; None: `$WMARK_THREADS`, else the cores free right now
-            (`wmark.generator.cpu_threads`).
+        threads: CPU threads for torch and the int8 GEMM; None: `$WMARK_THREADS`, else planned
+            from the cores free right now (`wmark.generator.cpu_threads.plan_threads`).
         progress: called with a short description of each loading stage.
 
     Raises:
@@ -197,10 +197,15 @@ def load_pair(
         precision = "int8" if device == "cpu" else "bf16"
     say = progress or (lambda _msg: None)
     try:
-        torch.set_num_threads(choose_threads(threads))
+        plan = plan_threads(threads)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    say(f"computing with {torch.get_num_threads()} CPU threads")
+    apply_threads(plan)
+    busy = plan.gemm_threads != plan.torch_threads
+    say(
+        f"computing with {plan.torch_threads} CPU threads"
+        + (f" ({plan.gemm_threads} for the int8 GEMM: a core is busy)" if busy else "")
+    )
     say(f"preparing target {target}")
     target_src = resolve_source(target, "target", precision)
     chat, tokenizer_json = _load_tokenizer(target_src)

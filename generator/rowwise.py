@@ -45,8 +45,10 @@ __all__ = [
     "RowFloatLinear",
     "RowInt8Linear",
     "convert_linears",
+    "gemm_threads",
     "pack_int8",
     "rowwise_attention",
+    "set_gemm_threads",
     "stock_attention",
     "tree_attention",
     "visible_keys",
@@ -54,6 +56,27 @@ __all__ = [
 
 ATTENTION_NAME = "wmark_rowwise"
 _STOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("wmark_stock_attention", default=False)
+
+
+_GEMM_THREADS: int | None = None
+
+
+def set_gemm_threads(threads: int | None) -> None:
+    """Threads of every `RowInt8Linear` call from now on; None: torch's count.
+
+    Process-wide, like `torch.set_num_threads`, and separate from it: the GEMM never waits for a
+    late thread, so it may use a core that torch's ops would be held up by
+    (`wmark.generator.cpu_threads.plan_threads`).
+    """
+    global _GEMM_THREADS
+    if threads is not None and threads < 1:
+        raise ValueError(f"GEMM threads must be positive, got {threads}")
+    _GEMM_THREADS = threads
+
+
+def gemm_threads() -> int:
+    """Threads a `RowInt8Linear` call computes on (`set_gemm_threads`, else torch's count)."""
+    return _GEMM_THREADS or torch.get_num_threads()
 
 
 @contextlib.contextmanager
@@ -72,7 +95,7 @@ class RowInt8Linear(nn.Module):
     Each row is quantised with its own peak (q = round(x * (127 / peak))), the integer products
     are summed exactly, and each sum is scaled by the channel's scale and then by the row's
     peak / 127 (the two float32 multiplications in that order, then the bias), all in one call
-    of `_int8_gemm.linear`, on torch's thread count. A row's output is therefore bit for bit the
+    of `_int8_gemm.linear`, on `gemm_threads()`. A row's output is therefore bit for bit the
     same however many rows rode along and whichever build of the kernel ran.
 
     The weights are packed for the kernel on first use (`pack`; `pack_int8` does it at load), or
@@ -175,7 +198,7 @@ class RowInt8Linear(nn.Module):
         out = torch.empty(rows.shape[0], self.out_features)
         self._gemm()(
             rows.numpy(), packed_np, colsum_np, scale_np, bias_np, out.numpy(),
-            rows.shape[0], self.out_features, self.in_features, torch.get_num_threads(),
+            rows.shape[0], self.out_features, self.in_features, gemm_threads(),
         )  # fmt: skip
         return out.reshape(*x.shape[:-1], self.out_features)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from wmark.generator import _int8_gemm
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.rowwise import RowInt8Linear, gemm_threads, set_gemm_threads
 
 BACKENDS = _int8_gemm.backends()  # this CPU's builds, fastest first; "portable" runs everywhere
 PREFETCH = _int8_gemm.prefetch()  # this CPU's weight prefetch policy
@@ -82,7 +82,6 @@ def test_blocks_on_the_tile_unit_equal_rows_alone(backend):
 
 
 def test_every_build_and_thread_count_gives_the_same_bits():
-    threads = torch.get_num_threads()
     try:
         # 130 columns: vector code in every build; 192 columns x 40 rows: AMX tiles under "amx"
         for inp, rows in ((130, 17), (192, 40)):
@@ -95,13 +94,51 @@ def test_every_build_and_thread_count_gives_the_same_bits():
                 # up and down: calls with fewer threads than the pool has workers, and more
                 # threads than tiles (300 channels: 10 tiles)
                 for count in (1, 2, 3, 7, 12, 2, 5, 1, 3):
-                    torch.set_num_threads(count)
+                    set_gemm_threads(count)
                     assert torch.equal(layer(x), expected), (name, policy, inp, count)
                 assert torch.equal(layer(x[:1]), expected[:1])
     finally:
         _int8_gemm.use_backend(BACKENDS[0])
         _int8_gemm.prefetch(PREFETCH)
-        torch.set_num_threads(threads)
+        set_gemm_threads(None)
+
+
+def test_late_workers_never_mix_two_calls():
+    """With more threads than cores and workers that sleep between calls, most workers wake after
+    their call is over (the caller never waits for them) or in the middle of the next one: each
+    claims chunks only of the call it can see, so every output is still exact. Two layers of
+    different shapes alternate, so a chunk computed with the other call's parameters would show."""
+    layers = [_layer(13, out=700, inp=130), _layer(14, out=333, inp=64, bias=False)]
+    xs = [_rows(15, 3, 130), _rows(16, 1, 64)]
+    expected = [_reference(layer, x) for layer, x in zip(layers, xs, strict=True)]
+    policy = _int8_gemm.wait_policy()
+    try:
+        for wait in ("passive", "active"):
+            _int8_gemm.wait_policy(wait)
+            for count in (2 * (os.cpu_count() or 1) + 2, 3, 2):
+                set_gemm_threads(count)
+                for i in range(400):
+                    j = i % 2
+                    assert torch.equal(layers[j](xs[j]), expected[j]), (wait, count, i)
+    finally:
+        _int8_gemm.wait_policy(policy)
+        set_gemm_threads(None)
+
+
+def test_the_wait_policy_and_thread_count_are_checked():
+    policy = _int8_gemm.wait_policy()
+    try:
+        assert _int8_gemm.wait_policy("passive") == "passive"
+        assert _int8_gemm.wait_policy() == "passive"
+        assert _int8_gemm.wait_policy("active") == "active"
+        with pytest.raises(ValueError, match="'active' or 'passive'"):
+            _int8_gemm.wait_policy("spin")
+    finally:
+        _int8_gemm.wait_policy(policy)
+    with pytest.raises(ValueError, match="positive"):
+        set_gemm_threads(0)
+    set_gemm_threads(None)
+    assert gemm_threads() == torch.get_num_threads()
 
 
 def test_a_forked_child_computes_on_threads_of_its_own():
@@ -110,8 +147,7 @@ def test_a_forked_child_computes_on_threads_of_its_own():
     the 40-row call also checks that the child holds the tile-state grant."""
     layer, wide = _layer(9, out=300, inp=130), _layer(9, out=300, inp=128)
     x, y = _rows(10, 5, 130), _rows(10, 40, 128)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(3)
+    set_gemm_threads(3)
     try:
         expected = layer(x), wide(y)  # the parent's pool now has workers
         pid = os.fork()
@@ -127,7 +163,7 @@ def test_a_forked_child_computes_on_threads_of_its_own():
             pytest.fail("the forked child hung waiting for its parent's worker threads")
         assert os.waitstatus_to_exitcode(waited[1]) == 0
     finally:
-        torch.set_num_threads(threads)
+        set_gemm_threads(None)
 
 
 def test_the_largest_products_do_not_saturate(backend):

@@ -1,4 +1,4 @@
-"""Thread count from the free cores: measured from /proc/stat, overridden by WMARK_THREADS."""
+"""Thread plan from the free cores: measured from /proc/stat, overridden by WMARK_THREADS."""
 
 from __future__ import annotations
 
@@ -38,29 +38,53 @@ def two_cores(tmp_path, monkeypatch):
     return advance
 
 
-def test_one_busy_core_leaves_one_thread(two_cores):
+Plan = cpu_threads.ThreadPlan
+
+
+def test_one_busy_core_leaves_torch_one_thread_and_the_gemm_a_sleeping_second(two_cores):
     two_cores((100, 0), (3, 97))  # cpu0 spinning, cpu1 idle
     assert cpu_threads.free_cores() == pytest.approx(0.97)
-    assert cpu_threads.choose_threads() == 1
+    assert cpu_threads.plan_threads() == Plan(1, 2, "passive")
 
 
 def test_a_quiet_machine_gets_every_core_and_a_loaded_one_still_gets_a_thread(two_cores):
     two_cores((10, 90), (20, 80))
-    assert cpu_threads.choose_threads() == 2
+    assert cpu_threads.plan_threads() == Plan(2, 2, "active")
     two_cores((100, 0), (100, 0))
-    assert cpu_threads.choose_threads() == 1
+    assert cpu_threads.plan_threads() == Plan(1, 2, "passive")
 
 
 def test_an_explicit_count_or_the_environment_wins(two_cores, monkeypatch):
     two_cores((100, 0), (100, 0))
-    assert cpu_threads.choose_threads(3) == 3
+    assert cpu_threads.plan_threads(3) == Plan(3, 3, "active")
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
-    assert cpu_threads.choose_threads() == 4
+    assert cpu_threads.plan_threads() == Plan(4, 4, "active")
     monkeypatch.setenv(cpu_threads.THREADS_ENV, "2")  # wmark's own variable first
-    assert cpu_threads.choose_threads() == 2
+    assert cpu_threads.plan_threads() == Plan(2, 2, "active")
     monkeypatch.setenv(cpu_threads.THREADS_ENV, "two")
     with pytest.raises(ValueError, match="WMARK_THREADS"):
-        cpu_threads.choose_threads()
+        cpu_threads.plan_threads()
+
+
+def test_an_unreadable_proc_stat_plans_every_core(two_cores, monkeypatch):
+    monkeypatch.setattr(cpu_threads, "_STAT", cpu_threads.Path("/nonexistent/stat"))
+    assert cpu_threads.plan_threads() == Plan(2, 2, "active")
+
+
+def test_applying_a_plan_sets_torch_the_gemm_and_the_wait():
+    import torch
+
+    from wmark.generator import _int8_gemm
+    from wmark.generator.rowwise import gemm_threads, set_gemm_threads
+
+    before = torch.get_num_threads(), _int8_gemm.wait_policy()
+    try:
+        cpu_threads.apply_threads(Plan(1, 3, "passive"))
+        assert (torch.get_num_threads(), gemm_threads(), _int8_gemm.wait_policy()) == (1, 3, "passive")
+    finally:
+        torch.set_num_threads(before[0])
+        _int8_gemm.wait_policy(before[1])
+        set_gemm_threads(None)
 
 
 def test_passive_wait_respects_a_choice_already_made(monkeypatch):
