@@ -11,6 +11,7 @@ one more is refused with `QueueFull` (429, Retry-After from the recent generatio
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import queue
@@ -25,6 +26,7 @@ from wmark.api.generate_settings import GenerationSettings
 from wmark.api.metrics import Metrics
 from wmark.errors import WmarkError
 from wmark.generator.backend import LanguageModel
+from wmark.generator.cpu_threads import CoreMeter, ThreadPlan, apply_threads
 from wmark.generator.drafters import build_drafter, drafter_model_source
 from wmark.generator.engine import METHODS, SamplerConfig, check_key_binding, generate
 from wmark.generator.loading import ModelPair, load_pair
@@ -145,6 +147,9 @@ class Generation:
         self._lock = threading.Lock()
         self._waiting = 0
         self._mean_seconds = 1.0  # moving average of generation times, for Retry-After
+        # the machine's load changes while the server runs: plan the CPU threads per generation
+        self._meter = CoreMeter() if settings.device == "cpu" else None
+        self._plan: ThreadPlan | None = None  # as load_pair applied it, until the meter differs
         self._worker = threading.Thread(target=self._run, name="wmark-generate", daemon=True)
         self._worker.start()
 
@@ -227,6 +232,10 @@ class Generation:
 
     def _serve(self, job: Job) -> Finished | Failed:
         started = time.monotonic()
+        if self._meter is not None and (plan := self._meter.plan()) is not None and plan != self._plan:
+            log.info("CPU threads now: torch %d, int8 GEMM %d (%s wait)", *dataclasses.astuple(plan))
+            apply_threads(plan)
+            self._plan = plan
         try:
             result = generate(
                 self.pair.target,

@@ -19,6 +19,11 @@ and plans (`ThreadPlan`):
 An explicit count (`load_pair(threads=...)`, `WMARK_THREADS` or `OMP_NUM_THREADS`) is used for
 both, with active waiting: the user has chosen.
 
+A long-lived process (the OpenAI-compatible server) plans again before each generation with a
+`CoreMeter`: the cores that other processes left idle since its last reading, counting this
+process's own CPU time as free, so that generating does not make the machine look busy and no
+reading waits for a window to pass.
+
 The CLI also asks OpenMP to let waiting threads sleep instead of spin (`OMP_WAIT_POLICY=PASSIVE`,
 unless set): OpenMP reads it once, when torch is imported, before any load could measure the
 machine, and a spinning thread takes a core away from whatever else runs there.
@@ -35,6 +40,7 @@ from typing import Literal
 
 __all__ = [
     "THREADS_ENV",
+    "CoreMeter",
     "ThreadPlan",
     "apply_threads",
     "free_cores",
@@ -99,6 +105,14 @@ def _requested(requested: int | None) -> int | None:
     return None
 
 
+def _plan_for(free: float, cores: int) -> ThreadPlan:
+    """The plan for `free` idle cores of `cores` (a core counts when idle half of the time)."""
+    threads = max(1, min(cores, math.floor(free + 0.5)))
+    if threads == cores:
+        return ThreadPlan(threads, threads, "active")
+    return ThreadPlan(threads, threads + 1, "passive")
+
+
 def plan_threads(requested: int | None = None) -> ThreadPlan:
     """The plan for this machine now (see the module docstring).
 
@@ -115,10 +129,52 @@ def plan_threads(requested: int | None = None) -> ThreadPlan:
     free = free_cores()
     if free is None:
         return ThreadPlan(cores, cores, "active")
-    threads = max(1, min(cores, math.floor(free + 0.5)))
-    if threads == cores:
-        return ThreadPlan(threads, threads, "active")
-    return ThreadPlan(threads, threads + 1, "passive")
+    return _plan_for(free, cores)
+
+
+class CoreMeter:
+    """Plans from the cores other processes used since the last reading (no waiting window).
+
+    `plan()` returns None where the user chose the thread count (the environment decides, as at
+    load) or where /proc/stat cannot be read, and keeps the last plan while less than
+    `min_window_s` has passed (too few jiffies to tell).
+    """
+
+    def __init__(self, min_window_s: float = 0.2) -> None:
+        self.min_window_s = min_window_s
+        self._last = self._read()
+        self._plan: ThreadPlan | None = None
+
+    @staticmethod
+    def _read() -> tuple[float, dict[int, tuple[int, int]], float] | None:
+        """(monotonic time, per-CPU (idle, total) jiffies, this process's CPU jiffies), or None."""
+        try:
+            times = _cpu_times()
+        except (OSError, ValueError):
+            return None
+        own = os.times()
+        return time.monotonic(), times, (own.user + own.system) * os.sysconf("SC_CLK_TCK")
+
+    def plan(self) -> ThreadPlan | None:
+        """The plan for the machine since the last reading (see the class docstring)."""
+        if _requested(None) is not None:
+            return None
+        now, last = self._read(), self._last
+        if now is None or last is None:
+            self._last = now
+            return None
+        if now[0] - last[0] < self.min_window_s and self._plan is not None:
+            return self._plan
+        allowed = [cpu for cpu in os.sched_getaffinity(0) if cpu in now[1] and cpu in last[1]]
+        idle = sum(now[1][cpu][0] - last[1][cpu][0] for cpu in allowed)
+        total = sum(now[1][cpu][1] - last[1][cpu][1] for cpu in allowed)
+        self._last = now
+        if not allowed or total <= 0:
+            return self._plan
+        per_cpu = total / len(allowed)  # jiffies each CPU counted over the window
+        free = min(len(allowed), (idle + now[2] - last[2]) / per_cpu)
+        self._plan = _plan_for(free, len(os.sched_getaffinity(0)))
+        return self._plan
 
 
 def apply_threads(plan: ThreadPlan) -> None:

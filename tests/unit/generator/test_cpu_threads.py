@@ -94,3 +94,32 @@ def test_passive_wait_respects_a_choice_already_made(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     cpu_threads.prefer_passive_wait()
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_the_meter_counts_this_process_as_free_and_other_processes_as_busy(two_cores, monkeypatch):
+    """Between two readings /proc/stat says one core was busy; the plan depends on whose it was."""
+    own = {"cpu_s": 0.0}
+    monkeypatch.setattr(cpu_threads.os, "sysconf", lambda _name: 100)  # 100 jiffies a second
+    monkeypatch.setattr(
+        cpu_threads.os, "times", lambda: os.times_result((own["cpu_s"], 0.0, 0.0, 0.0, 0.0))
+    )
+    clock = {"now": 0.0}
+    monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: clock["now"])
+    meter = cpu_threads.CoreMeter(min_window_s=0.2)
+
+    def window(cpu0: tuple[int, int], cpu1: tuple[int, int], own_jiffies: int) -> None:
+        two_cores(cpu0, cpu1)
+        cpu_threads.time.sleep(0)  # the fixture's sleep moves the counters
+        clock["now"] += 1.0
+        own["cpu_s"] += own_jiffies / 100
+
+    window((100, 0), (0, 100), own_jiffies=100)  # cpu0 was busy with this process: all free
+    assert meter.plan() == Plan(2, 2, "active")
+    window((100, 0), (0, 100), own_jiffies=0)  # now another process held cpu0
+    assert meter.plan() == Plan(1, 2, "passive")
+    window((100, 0), (100, 0), own_jiffies=150)  # both busy, 1.5 cores of it this process's
+    assert meter.plan() == Plan(2, 2, "active")
+    clock["now"] += 0.05  # too short a window to tell: the last plan stands
+    assert meter.plan() == Plan(2, 2, "active")
+    monkeypatch.setenv(cpu_threads.THREADS_ENV, "1")  # the user's choice: the meter stays out
+    assert meter.plan() is None
