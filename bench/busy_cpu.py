@@ -1,8 +1,9 @@
 """Generation speed with one other core busy against the machine as it is, side by side in one run.
 
-    WMARK_HOME=... .venv/bin/python bench/busy_cpu.py [--tokens 48] [--rounds 3]
+    WMARK_HOME=... .venv/bin/python bench/busy_cpu.py [--tokens 48] [--rounds 3] [--method default]
 
-basic-uwm on the embedded pair (int8, 48 tokens) runs alternately "quiet" (the machine as it is)
+basic-uwm (or `--method default`: `wmark generate`'s speculative default, mpfr with the `auto`
+drafter) on the embedded pair (int8, 48 tokens) runs alternately "quiet" (the machine as it is)
 and "busy" (plus one process spinning on a core, started and stopped by this script), under three
 settings, each in a process of its own because OpenMP reads its wait policy once at start:
 
@@ -40,22 +41,35 @@ _THREAD_SETTINGS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "WMARK_THREADS")  # ea
 PROMPT = "Explain like I'm five: why is the sky blue?"
 
 
-def child(mode: str, tokens: int, rounds: int) -> None:
+def child(mode: str, method: str, tokens: int, rounds: int) -> None:
     """Load once, then alternate quiet and busy runs; one JSON line per run on stdout."""
     from wmark import KeyMaterial, Secret, WatermarkSpec
     from wmark.detector import TextTokenizer
     from wmark.generator.cpu_threads import ThreadPlan, apply_threads, plan_threads
+    from wmark.generator.drafters import build_drafter
     from wmark.generator.embedded import embedded_tokenizer_json
     from wmark.generator.engine import SamplerConfig, generate
     from wmark.generator.loading import load_pair
+    from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD
 
-    pair = load_pair("embedded", None)
+    speculative = method == "default"
+    pair = load_pair("embedded", "embedded" if speculative else None)
+    drafter = build_drafter("auto", pair.target, pair.drafter) if speculative else None
     tok = TextTokenizer(embedded_tokenizer_json(), "qwen2.5-coder")
     key = KeyMaterial(
         key_id="wk_b", secret=Secret(hashlib.sha256(b"busy").digest()), spec=WatermarkSpec(tokenizer=tok.ref)
     )
     ids = pair.encode_prompt(PROMPT)
-    config = SamplerConfig(method="basic-uwm", max_new_tokens=tokens)
+    config = (
+        SamplerConfig(
+            method="mpfr",
+            max_new_tokens=tokens,
+            lookahead=DEFAULT_LOOKAHEAD,
+            draft_confidence=DEFAULT_DRAFT_CONFIDENCE,
+        )
+        if speculative
+        else SamplerConfig(method="basic-uwm", max_new_tokens=tokens)
+    )
     generate(pair.target, ids, config=SamplerConfig(method="basic-uwm", max_new_tokens=4), key=key, seed=0)
     for r in range(rounds):
         for condition in ("quiet", "busy"):
@@ -72,7 +86,7 @@ def child(mode: str, tokens: int, rounds: int) -> None:
                     cores = len(os.sched_getaffinity(0))
                     plan = ThreadPlan(cores, cores, "active")
                 apply_threads(plan)
-                out = generate(pair.target, ids, config=config, key=key, seed=r)
+                out = generate(pair.target, ids, config=config, key=key, seed=r, drafter=drafter)
             finally:
                 if spinner is not None:
                     spinner.kill()
@@ -89,12 +103,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--method", choices=["basic-uwm", "default"], default="basic-uwm")
     parser.add_argument("--child", choices=[mode for mode, _env in SETTINGS.values()], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.tokens, args.rounds)
+        child(args.child, args.method, args.tokens, args.rounds)
         return
-    print(f"{os.cpu_count()} cores; basic-uwm, {args.tokens} tokens, {args.rounds} rounds of quiet + busy\n")
+    rounds = f"{args.rounds} rounds of quiet + busy"
+    print(f"{os.cpu_count()} cores; {args.method}, {args.tokens} tokens, {rounds}\n")
     print(
         "| setting | quiet tokens/s | busy tokens/s | busy / quiet | threads quiet / busy | load avg seen |"
     )
@@ -111,6 +127,8 @@ def main() -> None:
                 str(args.tokens),
                 "--rounds",
                 str(args.rounds),
+                "--method",
+                args.method,
             ],
             env={**{k: v for k, v in os.environ.items() if k not in _THREAD_SETTINGS}, **env},
             capture_output=True,

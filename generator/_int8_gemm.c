@@ -42,6 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_fastmath.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define WMARK_X86 1
@@ -673,6 +675,46 @@ static void quantise_rows(const float *x, Py_ssize_t m, Py_ssize_t k, Py_ssize_t
     }
 }
 
+/*
+ * ---- prologues: rows the GEMM makes from its input before quantising them ----
+ * A decoder layer feeds its projections RMSNorm(x) * w and silu(gate) * up: computing those
+ * rows here, inside the call, saves the torch ops (and their dispatch, which costs a small draft
+ * model almost as much as its weights). Row-local and in a fixed order, so deterministic; their
+ * bits are not torch's (only draft models use them: wmark.generator.draft_forward).
+ */
+enum prologue { PLAIN = 0, RMS_NORM = 1, SWIGLU = 2 };
+
+/* RMSNorm of each row of x (m, k) times weight (k): x / sqrt(mean(x^2) + eps) * w. The sum of
+ * squares runs over 8 lanes (lane l: columns l mod 8, in order), then the lanes in order. */
+static void rms_norm_rows(const float *x, Py_ssize_t m, Py_ssize_t k, const float *weight, float eps, float *h) {
+    for (Py_ssize_t r = 0; r < m; r++) {
+        const float *row = x + r * k;
+        float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        Py_ssize_t j = 0;
+        for (; j + 8 <= k; j += 8)
+            for (int l = 0; l < 8; l++) lanes[l] += row[j + l] * row[j + l];
+        for (; j < k; j++) lanes[j % 8] += row[j] * row[j];
+        float squares = 0.0f;
+        for (int l = 0; l < 8; l++) squares += lanes[l];
+        const float inv = 1.0f / sqrtf(squares / (float)k + eps);
+        for (j = 0; j < k; j++) h[r * k + j] = (row[j] * inv) * weight[j];
+    }
+}
+
+/* silu(gate) * up of each row of x (m, 2k): gate is its first k columns, up the last k;
+ * silu(g) = g * sigmoid(g), sigmoid from e^-|g| (never overflows). */
+static void swiglu_rows(const float *x, Py_ssize_t m, Py_ssize_t k, float *h) {
+    for (Py_ssize_t r = 0; r < m; r++) {
+        const float *gate = x + r * 2 * k, *up = gate + k;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            const float g = gate[j];
+            const float e = exp_nonpositive(g < 0.0f ? g : -g);
+            const float sigmoid = (g < 0.0f ? e : 1.0f) / (1.0f + e);
+            h[r * k + j] = (g * sigmoid) * up[j];
+        }
+    }
+}
+
 /* ---- Python interface ---- */
 static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name, Py_ssize_t need) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
@@ -851,25 +893,39 @@ static PyObject *unpack(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(linear_doc,
-             "linear(x, packed, colsum, scale, bias, out, m, n, k, threads)\n\n"
+             "linear(x, packed, colsum, scale, bias, out, m, n, k, threads[, prologue, norm, eps])\n\n"
              "out = the exact int8 linear layer of x: float32 (m, k) rows, each quantised with its own\n"
              "peak; packed/colsum from pack(); scale: float32 (n); bias: float32 (n) or None; out: float32\n"
-             "(m, n), written. Runs on `threads` threads (this module's own), releasing the GIL.");
+             "(m, n), written. Runs on `threads` threads (this module's own), releasing the GIL.\n"
+             "prologue 1: the rows multiplied are RMSNorm(x) * norm (float32 (k)) with epsilon eps;\n"
+             "prologue 2: x is (m, 2k), gate then up, and the rows are silu(gate) * up.");
 
 static PyObject *linear_call(PyObject *args, int nibbles) {
     PyObject *objs[6];
     Py_ssize_t m, n, k;
-    int threads;
-    if (!PyArg_ParseTuple(args, "OOOOOOnnni", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &m, &n,
-                          &k, &threads))
+    int threads, prologue = PLAIN;
+    PyObject *norm = Py_None;
+    float eps = 0.0f;
+    if (!PyArg_ParseTuple(args, "OOOOOOnnni|iOf", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &m,
+                          &n, &k, &threads, &prologue, &norm, &eps))
         return NULL;
     if (m < 0 || n <= 0 || k <= 0) {
         PyErr_SetString(PyExc_ValueError, "linear: bad shape");
         return NULL;
     }
+    if (prologue != PLAIN && prologue != RMS_NORM && prologue != SWIGLU) {
+        PyErr_Format(PyExc_ValueError, "linear: unknown prologue %d", prologue);
+        return NULL;
+    }
+    if ((prologue == RMS_NORM) != (norm != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "linear: a norm weight goes with prologue 1 only");
+        return NULL;
+    }
+    Py_buffer norm_view = {.obj = NULL};
+    if (prologue == RMS_NORM && get_buffer(norm, &norm_view, 0, "norm", k * 4) < 0) return NULL;
     const int has_bias = objs[4] != Py_None;
     const Py_ssize_t groups = groups_of(k), kp = groups * 4;
-    const Py_ssize_t need[6] = {m * k * 4, tiles_of(n) * groups * (nibbles ? GROUP4 : GROUP), tiles_of(n) * TILE * 4,
+    const Py_ssize_t need[6] = {m * k * (prologue == SWIGLU ? 8 : 4), tiles_of(n) * groups * (nibbles ? GROUP4 : GROUP), tiles_of(n) * TILE * 4,
                                 n * 4, n * 4, m * n * 4};
     static const char *names[6] = {"x", "packed", "colsum", "scale", "bias", "out"};
     Py_buffer views[6];
@@ -898,28 +954,37 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         int8_t *q = tiles ? calloc((size_t)rows, (size_t)kp) : malloc((size_t)(m * kp));
         uint8_t *aux = backend == PORTABLE || tiles ? NULL : malloc((size_t)(m * kp));
         float *rowscale = malloc((size_t)m * sizeof(float));
-        if (q == NULL || rowscale == NULL || (backend != PORTABLE && !tiles && aux == NULL)) {
+        float *h = prologue == PLAIN ? NULL : malloc((size_t)(m * k) * sizeof(float));
+        if (q == NULL || rowscale == NULL || (backend != PORTABLE && !tiles && aux == NULL) ||
+            (prologue != PLAIN && h == NULL)) {
             free(q);
             free(aux);
             free(rowscale);
+            free(h);
             PyErr_NoMemory();
             goto done;
         }
         job_t job = {views[1].buf, views[2].buf, views[3].buf, has_bias ? views[4].buf : NULL, q, aux, rowscale,
                      views[5].buf, m, n, groups, backend, nibbles};
-        Py_BEGIN_ALLOW_THREADS quantise_rows(views[0].buf, m, k, kp, rounding, q, aux, rowscale);
+        Py_BEGIN_ALLOW_THREADS;
+        if (prologue == RMS_NORM) rms_norm_rows(views[0].buf, m, k, norm_view.buf, eps, h);
+        if (prologue == SWIGLU) swiglu_rows(views[0].buf, m, k, h);
+        quantise_rows(h != NULL ? h : views[0].buf, m, k, kp, rounding, q, aux, rowscale);
         pthread_mutex_lock(&call_lock);
         run_job(&job, threads < 1 ? 1 : threads);
         pthread_mutex_unlock(&call_lock);
-        Py_END_ALLOW_THREADS free(q);
+        Py_END_ALLOW_THREADS;
+        free(q);
         free(aux);
         free(rowscale);
+        free(h);
         result = Py_None;
         Py_INCREF(result);
     }
 done:
     for (int i = 0; i < got; i++)
         if (views[i].obj != NULL) PyBuffer_Release(&views[i]);
+    if (norm_view.obj != NULL) PyBuffer_Release(&norm_view);
     return result;
 }
 

@@ -19,6 +19,9 @@ def linear(
     n: int,
     k: int,
     threads: int,
+    prologue: int = ...,
+    norm: Buffer | None = ...,
+    eps: float = ...,
     /,
 ) -> None: ...
 linear4 = linear  # the same arguments over 4-bit weights

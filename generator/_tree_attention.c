@@ -12,6 +12,9 @@
  * Two builds: AVX2 + FMA intrinsics, and portable C for other CPUs (and head sizes that are not
  * a multiple of 8). The CPU picks one at import, so within one machine every row runs the same
  * instructions; the two builds round differently (FMA), so a seed's text may differ between them.
+ *
+ * `rotate` prepares a draft model's attention inputs: the fused q/k/v output split into heads,
+ * with the rotary embedding applied, in one call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -19,6 +22,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_fastmath.h"
 
 typedef void (*attend_fn)(const float *, const float *, const float *, const uint8_t *, float *, Py_ssize_t,
                           Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, float, float *, Py_ssize_t *);
@@ -29,31 +34,6 @@ static Py_ssize_t visible_keys(const uint8_t *row, Py_ssize_t nkv, Py_ssize_t *i
     for (Py_ssize_t j = 0; j < nkv; j++)
         if (row[j]) idx[n++] = j;
     return n;
-}
-
-/*
- * e^x for x <= 0 in plain float arithmetic (Cephes' expf: x = n ln2 + r, a degree-6 polynomial
- * in r, 2^n from the exponent bits), so that the compiler vectorises the softmax loop where
- * libm's expf is a call per score; within ~2 ulp of e^x, and 0 below -87 (e^-87 < 2^-125).
- */
-static inline float exp_nonpositive(float x) {
-    const float rounder = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const float low = x < -87.0f ? -87.0f : x;
-    const float n = (low * 1.44269504088896341f + rounder) - rounder;
-    float r = low - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale = {.i = ((int32_t)n + 127) << 23};
-    return x < -87.0f ? 0.0f : p * scale.f;
 }
 
 /* scores[0..n) -> softmax numerators e^(s - max); returns their sum, taken in key order. */
@@ -299,6 +279,68 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(rotate_doc,
+             "rotate(qkv, cos, sin, q, k, v, heads, kv_heads, n, dim)\n\n"
+             "Split a fused q/k/v projection's output (n, (heads + 2 kv_heads) * dim) into q (heads, n,\n"
+             "dim), k and v (kv_heads, n, dim), with the rotary embedding applied to q and k:\n"
+             "x * cos + rotate_half(x) * sin, cos and sin (n, dim) per row (rotate_half(x) is\n"
+             "(-x[half:], x[:half])). One call instead of ~16 torch ops per layer of a draft model.");
+
+static PyObject *rotate(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *objs[6];
+    Py_ssize_t heads, kv_heads, n, dim;
+    if (!PyArg_ParseTuple(args, "OOOOOOnnnn", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &heads,
+                          &kv_heads, &n, &dim))
+        return NULL;
+    if (heads <= 0 || kv_heads <= 0 || n < 0 || dim <= 0 || dim % 2) {
+        PyErr_SetString(PyExc_ValueError, "rotate: bad shape (dim must be even)");
+        return NULL;
+    }
+    static const char *names[6] = {"qkv", "cos", "sin", "q", "k", "v"};
+    const Py_ssize_t width = (heads + 2 * kv_heads) * dim;
+    const Py_ssize_t sizes[6] = {n * width * 4, n * dim * 4, n * dim * 4,
+                                 heads * n * dim * 4, kv_heads * n * dim * 4, kv_heads * n * dim * 4};
+    Py_buffer views[6];
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 6; got++) {
+        if (get_buffer(objs[got], &views[got], got >= 3, names[got]) < 0) goto done;
+        if (views[got].len != sizes[got]) {
+            PyErr_Format(PyExc_ValueError, "rotate: %s holds %zd bytes, the shape needs %zd", names[got],
+                         views[got].len, sizes[got]);
+            got++;
+            goto done;
+        }
+    }
+    {
+        const float *qkv = views[0].buf, *cos = views[1].buf, *sin = views[2].buf;
+        float *outs[3] = {views[3].buf, views[4].buf, views[5].buf};
+        const Py_ssize_t counts[3] = {heads, kv_heads, kv_heads}, half = dim / 2;
+        Py_BEGIN_ALLOW_THREADS;
+        for (Py_ssize_t r = 0; r < n; r++) {
+            const float *x = qkv + r * width, *c = cos + r * dim, *s = sin + r * dim;
+            for (int part = 0; part < 3; part++) {
+                for (Py_ssize_t h = 0; h < counts[part]; h++, x += dim) {
+                    float *o = outs[part] + (h * n + r) * dim;
+                    if (part == 2) { /* values are not rotated */
+                        memcpy(o, x, (size_t)dim * sizeof(float));
+                        continue;
+                    }
+                    for (Py_ssize_t j = 0; j < half; j++) o[j] = x[j] * c[j] + (-x[j + half]) * s[j];
+                    for (Py_ssize_t j = half; j < dim; j++) o[j] = x[j] * c[j] + x[j - half] * s[j];
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS;
+        result = Py_None;
+        Py_INCREF(result);
+    }
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    return result;
+}
+
 static PyObject *backend(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -315,6 +357,7 @@ static PyObject *use_baseline(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"attend", attend, METH_VARARGS, attend_doc},
+    {"rotate", rotate, METH_VARARGS, rotate_doc},
     {"backend", backend, METH_NOARGS, "Which build of the kernel runs here: 'avx2' or 'baseline'."},
     {"use_baseline", use_baseline, METH_VARARGS,
      "use_baseline(flag): force (True) or release (False) the portable build (for tests)."},

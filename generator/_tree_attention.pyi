@@ -18,4 +18,17 @@ def attend(
     scaling: float,
     /,
 ) -> None: ...
+def rotate(
+    qkv: Buffer,
+    cos: Buffer,
+    sin: Buffer,
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    heads: int,
+    kv_heads: int,
+    n: int,
+    dim: int,
+    /,
+) -> None: ...
 def backend() -> str: ...

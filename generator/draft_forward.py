@@ -10,6 +10,13 @@ level's few rows and one SDPA call per layer that shares key/value heads (`enabl
 prompt, and the session's `DynamicCache` updated as transformers does, so the session code is
 unchanged.
 
+Where every projection is one of wmark's int8 layers on the CPU (the embedded drafter, 8- or
+4-bit), a layer is six calls, not ~35 torch ops: each RMSNorm runs inside the GEMM call that
+reads it (`RowInt8Linear.rms_forward`), silu(gate) * up inside the down projection's
+(`swiglu_forward`), and one C call splits q/k/v into heads and applies the rotary embedding
+(`_tree_attention.rotate`). On a 2-core Xeon that took the embedded drafter's one-row forward
+from 16.5 to ~12 ms at two threads (BENCHMARKS.md).
+
 Only a drafter runs it (`HFModel.lean`, set by `wmark.generator.drafters.build_drafter` for a
 model that only drafts). Its numbers differ from transformers' in the last bits, which changes
 which tokens it proposes, never the text: every emitted token is the target's race winner.
@@ -24,8 +31,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from wmark.generator import _tree_attention
 from wmark.generator.fused import stacked_layer
-from wmark.generator.rowwise import tree_attention, visible_keys
+from wmark.generator.rowwise import RowInt8Linear, tree_attention, visible_keys
 
 __all__ = ["LeanDecoder", "lean_decoder"]
 
@@ -46,6 +54,29 @@ def _projection(members: list[Any]) -> Projection:
         return lambda h: [m(h) for m in members]
     sizes = [int(m.out_features) for m in members]
     return lambda h: torch.split(stacked(h), sizes, dim=-1)
+
+
+class _Int8Layer:
+    """A decoder layer's four int8 GEMMs (q/k/v and gate/up each one fused group) and its norms."""
+
+    def __init__(self, layer: Any, qkv: RowInt8Linear, gate_up: RowInt8Linear) -> None:
+        self.qkv, self.gate_up = qkv, gate_up
+        self.o: RowInt8Linear = layer.self_attn.o_proj
+        self.down: RowInt8Linear = layer.mlp.down_proj
+        self.norm_in = layer.input_layernorm.weight.detach().to(torch.float32).contiguous()
+        self.norm_post = layer.post_attention_layernorm.weight.detach().to(torch.float32).contiguous()
+
+    @staticmethod
+    def of(layer: Any) -> _Int8Layer | None:
+        """The layer's int8 parts, or None where one of them is another kind of layer."""
+        attention, mlp = layer.self_attn, layer.mlp
+        qkv = stacked_layer([attention.q_proj, attention.k_proj, attention.v_proj])
+        gate_up = stacked_layer([mlp.gate_proj, mlp.up_proj])
+        if qkv is None or gate_up is None:
+            return None
+        if not isinstance(attention.o_proj, RowInt8Linear) or not isinstance(mlp.down_proj, RowInt8Linear):
+            return None
+        return _Int8Layer(layer, qkv, gate_up)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -81,6 +112,9 @@ class LeanDecoder:
         self.gate_up = [_projection([m.gate_proj, m.up_proj]) for m in (la.mlp for la in self.layers)]
         self.o = [_projection([la.self_attn.o_proj]) for la in self.layers]
         self.down = [_projection([la.mlp.down_proj]) for la in self.layers]
+        parts = [_Int8Layer.of(layer) for layer in self.layers]
+        int8 = [part for part in parts if part is not None]
+        self.int8: list[_Int8Layer] | None = int8 if len(int8) == len(parts) else None
 
     def _rms(self, x: torch.Tensor, norm: Any) -> torch.Tensor:
         return nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, self.eps)
@@ -106,6 +140,8 @@ class LeanDecoder:
         angles = position_ids[0].to(torch.float32)[:, None] * self.inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
+        if self.int8 is not None and x.device.type == "cpu":
+            return self._int8_forward(x, cos, sin, attention_mask, visible, cache)
         for index, layer in enumerate(self.layers):
             h = self._rms(x, layer.input_layernorm)
             q, k, v = self.qkv[index](h)
@@ -125,6 +161,40 @@ class LeanDecoder:
             h = self._rms(x, layer.post_attention_layernorm)
             gate, up = self.gate_up[index](h)
             x = x + self.down[index](nn.functional.silu(gate) * up)[0]
+        logits: torch.Tensor = self.head(self._rms(x, self.norm))
+        return logits
+
+    def _int8_forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: torch.Tensor,
+        visible: torch.Tensor | None,
+        cache: DynamicCache,
+    ) -> torch.Tensor:
+        """`__call__` where every layer is int8 (`self.int8`): six kernel calls a layer."""
+        assert self.int8 is not None
+        n, d = x.shape[1], self.head_dim
+        cos, sin = cos.contiguous(), sin.contiguous()
+        for index, layer in enumerate(self.int8):
+            qkv = layer.qkv.rms_forward(x, layer.norm_in, self.eps)
+            q = torch.empty(1, self.heads, n, d)
+            k = torch.empty(1, self.kv_heads, n, d)
+            v = torch.empty(1, self.kv_heads, n, d)
+            _tree_attention.rotate(
+                qkv.numpy(), cos.numpy(), sin.numpy(), q.numpy(), k.numpy(), v.numpy(),
+                self.heads, self.kv_heads, n, d,
+            )  # fmt: skip
+            k, v = cache.update(k, v, index)
+            if visible is not None:
+                out = tree_attention(q, k, v, visible, self.scaling)  # (1, n, heads, d)
+            else:
+                out = nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=True
+                ).transpose(1, 2)
+            x = x + layer.o(out.reshape(1, n, self.heads * d))
+            x = x + layer.down.swiglu_forward(layer.gate_up.rms_forward(x, layer.norm_post, self.eps))
         logits: torch.Tensor = self.head(self._rms(x, self.norm))
         return logits
 

@@ -52,11 +52,17 @@ class TruncatedHead(nn.Module):
         self.inner = _rows(layer, keep)
         self.keep: torch.Tensor = keep
         self.vocab_size = vocab_size
+        # the kept IDs start with a run 0, 1, ..., run - 1 (the common tokens): a slice copy,
+        # where scattering all of them cost ~70 us a forward
+        ids = keep.tolist()
+        self.run = next((i for i, token in enumerate(ids) if token != i), len(ids))
+        self.rest: torch.Tensor = keep[self.run :]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         part: torch.Tensor = self.inner(x)
         out = part.new_full((*part.shape[:-1], self.vocab_size), -math.inf)
-        out[..., self.keep] = part
+        out[..., : self.run] = part[..., : self.run]
+        out[..., self.rest] = part[..., self.run :]
         return out
 
 

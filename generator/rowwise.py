@@ -59,6 +59,7 @@ _STOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("wmark_stock_atten
 
 
 _GEMM_THREADS: int | None = None
+_PLAIN, _RMS_NORM, _SWIGLU = 0, 1, 2  # the kernel's prologues (`_int8_gemm.linear`)
 
 
 def set_gemm_threads(threads: int | None) -> None:
@@ -189,16 +190,36 @@ class RowInt8Linear(nn.Module):
         return weight, self.scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x, self.in_features, _PLAIN)
+
+    def rms_forward(self, x: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
+        """This layer of RMSNorm(x) * norm, the norm computed inside the kernel call.
+
+        Row-local and deterministic, but not torch's `rms_norm` bit for bit: for draft models
+        (`wmark.generator.draft_forward`), whose numbers never reach the text.
+        """
+        return self._run(x, self.in_features, _RMS_NORM, norm.detach().to(torch.float32).contiguous(), eps)
+
+    def swiglu_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """This layer of silu(gate) * up, where `gate_up` (..., 2 x in_features) holds gate, then up;
+        computed inside the kernel call (draft models only, as `rms_forward`)."""
+        return self._run(gate_up, 2 * self.in_features, _SWIGLU)
+
+    def _run(
+        self, x: torch.Tensor, width: int, prologue: int, norm: torch.Tensor | None = None, eps: float = 0.0
+    ) -> torch.Tensor:
+        """The kernel call over the rows of `x` (`width` columns each) after `prologue`."""
         if self._views is None:
             packed, colsum = self.packed_weights()
             bias = None if self.bias is None else self.bias.detach().numpy()
             self._views = (packed.numpy(), colsum.numpy(), self._scale32.numpy(), bias)
         packed_np, colsum_np, scale_np, bias_np = self._views
-        rows = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+        rows = x.reshape(-1, width).to(torch.float32).contiguous()
         out = torch.empty(rows.shape[0], self.out_features)
         self._gemm()(
             rows.numpy(), packed_np, colsum_np, scale_np, bias_np, out.numpy(),
             rows.shape[0], self.out_features, self.in_features, gemm_threads(),
+            prologue, None if norm is None else norm.numpy(), eps,
         )  # fmt: skip
         return out.reshape(*x.shape[:-1], self.out_features)
 

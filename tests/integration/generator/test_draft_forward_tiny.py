@@ -47,12 +47,24 @@ def test_lean_forward_matches_the_transformers_forward(tiny_qwen, precision):
     lean = copy.deepcopy(stock)
     lean.lean = lean_decoder(lean.model)
     assert isinstance(lean.lean, LeanDecoder)
+    assert (lean.lean.int8 is not None) == (precision == "int8")  # int8 layers: the fused path
+    fused = lean.lean.int8
+    lean.lean.int8 = None  # first the same torch operations as transformers
     expected, got = _blocks(stock), _blocks(lean)
     # The same operations (equal to the bit on this torch build); the tolerance leaves room for
     # another build's kernels ordering a sum differently: 1e-5 of the logits' range, where a wrong
     # rotary, mask or GQA mapping moves logits by a sizeable part of that range.
     tolerance = 1e-5 * float(expected.max() - expected.min())
     assert torch.allclose(got, expected, rtol=0, atol=tolerance)
+    if fused is not None:
+        # The fused path (norms and SwiGLU inside the GEMM calls, the rotary in C) rounds its
+        # float steps differently, and the int8 quantisation of a layer's input absorbs nearly all
+        # of that: it may move the logits by no more than quantising moved them from float32's
+        # (a wrong norm, rotary or head split would move them by a sizeable part of the range).
+        lean.lean.int8 = fused
+        float32 = _blocks(HFModel(prepare_model(tiny_qwen(3), "fp32", "cpu"), EOS))
+        noise = float((expected - float32).abs().max())
+        assert float((_blocks(lean) - got).abs().max()) <= noise
 
 
 def test_lean_forward_uses_the_fused_int8_groups(tiny_qwen):
