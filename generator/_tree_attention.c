@@ -26,7 +26,7 @@
 #include "_fastmath.h"
 
 typedef void (*attend_fn)(const float *, const float *, const float *, const uint8_t *, float *, Py_ssize_t,
-                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, float, float *, Py_ssize_t *);
+                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, float, float *, Py_ssize_t *);
 
 /* The visible keys of one mask row, in cache order; returns how many. */
 static Py_ssize_t visible_keys(const uint8_t *row, Py_ssize_t nkv, Py_ssize_t *idx) {
@@ -47,20 +47,20 @@ static inline float softmax_numerators(float *s, Py_ssize_t n) {
 }
 
 /*
- * Portable build. q: (heads, nq, dim); k, v: (kv_heads, nkv, dim); visible: (nq, nkv), nonzero
- * where visible; out: (nq, heads, dim). scores: nkv floats of scratch, idx: nkv indices.
+ * Portable build. q: (heads, nq, dim); k, v: (kv_heads, kv_stride, dim), of which the first nkv
+ * keys of each head are used; visible: (nq, nkv), nonzero where visible; out: (nq, heads, dim). scores: nkv floats of scratch, idx: nkv indices.
  * A dot product sums 8 lanes (lane l: elements d = l mod 8, in order) and then the lanes in a
  * fixed tree; values are accumulated key after key.
  */
 static void attend_baseline(const float *q, const float *k, const float *v, const uint8_t *visible, float *out,
-                            Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t nq, Py_ssize_t nkv, Py_ssize_t dim,
-                            float scaling, float *scores, Py_ssize_t *idx) {
+                            Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t nq, Py_ssize_t nkv,
+                            Py_ssize_t kv_stride, Py_ssize_t dim, float scaling, float *scores, Py_ssize_t *idx) {
     const Py_ssize_t group = heads / kv_heads, whole = dim - dim % 8;
     for (Py_ssize_t i = 0; i < nq; i++) {
         const Py_ssize_t n = visible_keys(visible + i * nkv, nkv, idx);
         for (Py_ssize_t head = 0; head < heads; head++) {
             const float *qh = q + (head * nq + i) * dim;
-            const float *kh = k + (head / group) * nkv * dim, *vh = v + (head / group) * nkv * dim;
+            const float *kh = k + (head / group) * kv_stride * dim, *vh = v + (head / group) * kv_stride * dim;
             for (Py_ssize_t t = 0; t < n; t++) {
                 const float *kj = kh + idx[t] * dim;
                 float acc[8] = {0};
@@ -138,14 +138,14 @@ __attribute__((target("avx2,fma"))) static inline float softmax_numerators8(floa
 __attribute__((target("avx2,fma"))) static void attend_avx2(const float *q, const float *k, const float *v,
                                                             const uint8_t *visible, float *out, Py_ssize_t heads,
                                                             Py_ssize_t kv_heads, Py_ssize_t nq, Py_ssize_t nkv,
-                                                            Py_ssize_t dim, float scaling, float *scores,
-                                                            Py_ssize_t *idx) {
+                                                            Py_ssize_t kv_stride, Py_ssize_t dim, float scaling,
+                                                            float *scores, Py_ssize_t *idx) {
     const Py_ssize_t group = heads / kv_heads, stride = SCORE_STRIDE(nkv);
     const __m256 scale = _mm256_set1_ps(scaling);
     for (Py_ssize_t i = 0; i < nq; i++) {
         const Py_ssize_t n = visible_keys(visible + i * nkv, nkv, idx);
         for (Py_ssize_t h = 0; h < kv_heads; h++) {
-            const float *kh = k + h * nkv * dim, *vh = v + h * nkv * dim;
+            const float *kh = k + h * kv_stride * dim, *vh = v + h * kv_stride * dim;
             Py_ssize_t t = 0;
             for (; t + 8 <= n; t += 8) {
                 const float *kj[8];
@@ -221,26 +221,30 @@ static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *
 }
 
 PyDoc_STRVAR(attend_doc,
-             "attend(q, k, v, visible, out, heads, kv_heads, nq, nkv, dim, scaling)\n\n"
-             "q: float32 (heads, nq, dim); k, v: float32 (kv_heads, nkv, dim); visible: uint8 (nq, nkv),\n"
-             "nonzero where a row sees a key; out: float32 (nq, heads, dim), written. Each row attends to\n"
-             "its visible keys in cache order; its result depends on nothing else. Releases the GIL.");
+             "attend(q, k, v, visible, out, heads, kv_heads, nq, nkv, dim, scaling[, kv_stride])\n\n"
+             "q: float32 (heads, nq, dim); k, v: float32 (kv_heads, kv_stride, dim) (kv_stride: nkv unless\n"
+             "given: a cache with room to grow), of which each head's first nkv keys are read; visible:\n"
+             "uint8 (nq, nkv), nonzero where a row sees a key; out: float32 (nq, heads, dim), written.\n"
+             "Each row attends to its visible keys in cache order; its result depends on nothing else.\n"
+             "Releases the GIL.");
 
 static PyObject *attend(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *objs[5];
-    Py_ssize_t heads, kv_heads, nq, nkv, dim;
+    Py_ssize_t heads, kv_heads, nq, nkv, dim, kv_stride = -1;
     float scaling;
-    if (!PyArg_ParseTuple(args, "OOOOOnnnnnf", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &heads,
-                          &kv_heads, &nq, &nkv, &dim, &scaling))
+    if (!PyArg_ParseTuple(args, "OOOOOnnnnnf|n", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &heads,
+                          &kv_heads, &nq, &nkv, &dim, &scaling, &kv_stride))
         return NULL;
-    if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || nq < 0 || nkv < 0 ||
+    if (kv_stride < 0) kv_stride = nkv;
+    if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || nq < 0 || nkv < 0 || kv_stride < nkv ||
         dim <= 0) {
-        PyErr_SetString(PyExc_ValueError, "attend: bad shape (heads must be a multiple of kv_heads)");
+        PyErr_SetString(PyExc_ValueError,
+                        "attend: bad shape (heads must be a multiple of kv_heads, kv_stride at least nkv)");
         return NULL;
     }
     static const char *names[5] = {"q", "k", "v", "visible", "out"};
-    const Py_ssize_t sizes[5] = {heads * nq * dim * 4, kv_heads * nkv * dim * 4, kv_heads * nkv * dim * 4,
+    const Py_ssize_t sizes[5] = {heads * nq * dim * 4, kv_heads * kv_stride * dim * 4, kv_heads * kv_stride * dim * 4,
                                  nq * nkv, nq * heads * dim * 4};
     Py_buffer views[5];
     int got = 0;
@@ -267,8 +271,8 @@ static PyObject *attend(PyObject *self, PyObject *args) {
         }
         Py_BEGIN_ALLOW_THREADS impl((const float *)views[0].buf, (const float *)views[1].buf,
                                            (const float *)views[2].buf, (const uint8_t *)views[3].buf,
-                                           (float *)views[4].buf, heads, kv_heads, nq, nkv, dim, scaling, scores,
-                                           idx);
+                                           (float *)views[4].buf, heads, kv_heads, nq, nkv, kv_stride, dim, scaling,
+                                           scores, idx);
         Py_END_ALLOW_THREADS free(scores);
         free(idx);
         result = Py_None;

@@ -16,6 +16,7 @@ def attend(
     nkv: int,
     dim: int,
     scaling: float,
+    kv_stride: int = ...,
     /,
 ) -> None: ...
 def rotate(

@@ -1,12 +1,12 @@
 """Hugging Face causal LMs behind the backend protocol: KV cache, tree attention, rollback.
 
 Only the public forward is used: `model(input_ids, cache=..., attention_mask=4D, position_ids=...)`.
-A session keeps the committed text in a `DynamicCache` (the prompt enters it in one prefill
-forward before the first block); speculative nodes are appended after it
-and see, through a 4D mask, the committed text plus their own ancestors, at position
-(committed length + depth - 1). `accept` index-selects the committed entries and the accepted
-path out of every layer (a crop cannot drop side branches). So a whole MPFR draft tree is one
-forward, and a rejected draft costs no recomputation.
+A session keeps the committed text in a KV cache that grows in place (`wmark.generator.kv_cache`;
+the prompt enters it in one prefill forward before the first block); speculative nodes are
+appended after it and see, through a 4D mask, the committed text plus their own ancestors, at
+position (committed length + depth - 1). `accept` keeps the committed entries and moves the
+accepted path's entries behind them in every layer (a crop cannot drop side branches). So a whole
+MPFR draft tree is one forward, and a rejected draft costs no recomputation.
 
 Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.rowwise`),
 "exact-fp32" (batch-invariant float32, slow: for small test models), "fp32", "bf16", "fp16"
@@ -19,13 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AttentionInterface, DynamicCache, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedModel
 
 from wmark.errors import BackendError
 from wmark.generator import int8_store
 from wmark.generator.backend import NodeTable
 from wmark.generator.draft_forward import LeanDecoder
 from wmark.generator.fused import fuse_projections, int8_layers
+from wmark.generator.kv_cache import keep_entries, session_cache
 from wmark.generator.rowwise import (
     ATTENTION_NAME,
     convert_linears,
@@ -78,7 +79,7 @@ class HFSession:
 
     def __init__(self, lm: HFModel, prompt_ids: Sequence[int]) -> None:
         self.lm = lm
-        self.cache = DynamicCache(config=lm.model.config)
+        self.cache = session_cache(lm.model.config)
         self.committed = 0  # cache entries that hold committed text
         self.pending: list[int] = [int(t) for t in prompt_ids]
         self.nodes = NodeTable()
@@ -174,11 +175,7 @@ class HFSession:
         self.nodes.check_path(path)
         keep = list(range(self.committed)) + [self.slots[n] for n in path]
         if len(keep) != self.cache.get_seq_length():
-            index = torch.tensor(keep, device=self.lm.device)
-            for layer in self.cache.layers:
-                if layer.is_initialized and layer.keys is not None and layer.keys.numel():
-                    layer.keys = layer.keys.index_select(-2, index)
-                    layer.values = layer.values.index_select(-2, index)
+            keep_entries(self.cache, keep)
         self.committed = len(keep)
         if path and not extra:
             self.root_logits = self.node_logits[path[-1]]

@@ -359,10 +359,13 @@ def tree_attention(
     if query.dtype != torch.float32 or query.device.type != "cpu":
         raise ValueError("rowwise attention runs in float32 on the CPU")
     out = torch.empty(1, n_query, heads, dim)
+    keys, values = _heads(key), _heads(value)
+    if keys is None or values is None or keys[1] != values[1]:
+        keys = values = None
     _tree_attention.attend(
         query[0].contiguous().numpy(),
-        key[0].contiguous().numpy(),
-        value[0].contiguous().numpy(),
+        key[0].contiguous().numpy() if keys is None else keys[0],
+        value[0].contiguous().numpy() if values is None else values[0],
         visible.numpy(),
         out.numpy(),
         heads,
@@ -371,5 +374,21 @@ def tree_attention(
         n_keys,
         dim,
         scaling,
+        n_keys if keys is None else keys[1],
     )
     return out
+
+
+def _heads(states: torch.Tensor) -> tuple[Any, int] | None:
+    """(kv_heads, stride, d) buffer holding `states` (1, kv_heads, n, d) as each head's first n
+    rows, and the stride, without a copy where `states` is the front of a larger cache
+    (`wmark.generator.kv_cache`); None where it is laid out otherwise."""
+    _, kv_heads, n, dim = states.shape
+    if states.stride(-1) != 1 or states.stride(-2) != dim or states.stride(1) % dim:
+        return None
+    stride = states.stride(1) // dim if kv_heads > 1 else max(n, 1)
+    end = (states.storage_offset() + kv_heads * stride * dim) * states.element_size()
+    if stride < n or end > states.untyped_storage().nbytes():
+        return None
+    whole = states.as_strided((kv_heads, stride, dim), (stride * dim, dim, 1))
+    return whole.numpy(), stride
