@@ -715,6 +715,76 @@ static void swiglu_rows(const float *x, Py_ssize_t m, Py_ssize_t k, float *h) {
     }
 }
 
+#ifdef WMARK_X86
+/* The same two prologues on 8 lanes at a time (AVX2, no FMA): each lane performs exactly the
+ * portable code's float operations in its order, so every build writes the same bits. */
+__attribute__((target("avx2"))) static void rms_norm_rows_avx2(const float *x, Py_ssize_t m, Py_ssize_t k,
+                                                               const float *weight, float eps, float *h) {
+    for (Py_ssize_t r = 0; r < m; r++) {
+        const float *row = x + r * k;
+        __m256 acc = _mm256_setzero_ps();
+        Py_ssize_t j = 0;
+        for (; j + 8 <= k; j += 8) {
+            const __m256 v = _mm256_loadu_ps(row + j);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc);
+        for (; j < k; j++) lanes[j % 8] += row[j] * row[j];
+        float squares = 0.0f;
+        for (int l = 0; l < 8; l++) squares += lanes[l];
+        const float inv = 1.0f / sqrtf(squares / (float)k + eps);
+        const __m256 scale = _mm256_set1_ps(inv);
+        for (j = 0; j + 8 <= k; j += 8)
+            _mm256_storeu_ps(h + r * k + j,
+                             _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j), scale), _mm256_loadu_ps(weight + j)));
+        for (; j < k; j++) h[r * k + j] = (row[j] * inv) * weight[j];
+    }
+}
+
+/* exp_nonpositive (_fastmath.h) on 8 lanes: the same operations, in the same order. */
+__attribute__((target("avx2"))) static inline __m256 exp8_nonpositive(__m256 x) {
+    const __m256 rounder = _mm256_set1_ps(12582912.0f), floor87 = _mm256_set1_ps(-87.0f);
+    const __m256 low = _mm256_max_ps(x, floor87);
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(low, _mm256_set1_ps(1.44269504088896341f)), rounder),
+                                   rounder);
+    __m256 r = _mm256_sub_ps(low, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, floor87, _CMP_LT_OQ), e); /* 0 below -87 */
+}
+
+__attribute__((target("avx2"))) static void swiglu_rows_avx2(const float *x, Py_ssize_t m, Py_ssize_t k, float *h) {
+    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    for (Py_ssize_t r = 0; r < m; r++) {
+        const float *gate = x + r * 2 * k, *up = gate + k;
+        Py_ssize_t j = 0;
+        for (; j + 8 <= k; j += 8) {
+            const __m256 g = _mm256_loadu_ps(gate + j);
+            const __m256 negative = _mm256_cmp_ps(g, zero, _CMP_LT_OQ);
+            /* g < 0 ? g : -g, as a select (-g flips the sign bit, as the scalar negation does) */
+            const __m256 e = exp8_nonpositive(_mm256_blendv_ps(_mm256_xor_ps(g, sign), g, negative));
+            const __m256 sigmoid = _mm256_div_ps(_mm256_blendv_ps(one, e, negative), _mm256_add_ps(one, e));
+            _mm256_storeu_ps(h + r * k + j, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + j)));
+        }
+        for (; j < k; j++) {
+            const float g = gate[j];
+            const float e = exp_nonpositive(g < 0.0f ? g : -g);
+            h[r * k + j] = (g * ((g < 0.0f ? e : 1.0f) / (1.0f + e))) * up[j];
+        }
+    }
+}
+#endif
+
 /* ---- Python interface ---- */
 static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name, Py_ssize_t need) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
@@ -967,8 +1037,27 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         job_t job = {views[1].buf, views[2].buf, views[3].buf, has_bias ? views[4].buf : NULL, q, aux, rowscale,
                      views[5].buf, m, n, groups, backend, nibbles};
         Py_BEGIN_ALLOW_THREADS;
-        if (prologue == RMS_NORM) rms_norm_rows(views[0].buf, m, k, norm_view.buf, eps, h);
-        if (prologue == SWIGLU) swiglu_rows(views[0].buf, m, k, h);
+#ifdef WMARK_X86
+        const int vector = rounding != PORTABLE;
+#else
+        const int vector = 0;
+#endif
+        if (prologue == RMS_NORM) {
+#ifdef WMARK_X86
+            if (vector)
+                rms_norm_rows_avx2(views[0].buf, m, k, norm_view.buf, eps, h);
+            else
+#endif
+                rms_norm_rows(views[0].buf, m, k, norm_view.buf, eps, h);
+        }
+        if (prologue == SWIGLU) {
+#ifdef WMARK_X86
+            if (vector)
+                swiglu_rows_avx2(views[0].buf, m, k, h);
+            else
+#endif
+                swiglu_rows(views[0].buf, m, k, h);
+        }
         quantise_rows(h != NULL ? h : views[0].buf, m, k, kp, rounding, q, aux, rowscale);
         pthread_mutex_lock(&call_lock);
         run_job(&job, threads < 1 ? 1 : threads);

@@ -12,18 +12,18 @@ itself: it only proposes, so the batch invariance the target needs buys it nothi
 reason its int8 layers are cut to 4-bit weights where the CPU runs them vectorised
 (`wmark.generator.draft_int4`: half the bytes a memory-bound forward reads). Its forwards also
 bypass transformers' generic decoder where the architecture allows
-(`wmark.generator.draft_forward`).
+(`wmark.generator.lean_decoder`).
 Every choice leaves the text unchanged (the target's race winners); it moves speed only.
 """
 
 from __future__ import annotations
 
 from wmark.generator.backend import LanguageModel
-from wmark.generator.draft_forward import lean_decoder
 from wmark.generator.draft_head import TruncatedHead, truncate_head
 from wmark.generator.draft_int4 import cut_to_int4, int4_pays
 from wmark.generator.hf_backend import HFModel
 from wmark.generator.hybrid_drafter import HybridDrafter
+from wmark.generator.lean_decoder import lean_decoder
 from wmark.generator.names import AUTO, EMBEDDED, NGRAM
 from wmark.generator.prompt_lookup import PromptLookup
 

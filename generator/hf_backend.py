@@ -15,6 +15,7 @@ Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.roww
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,9 +25,9 @@ from transformers import AttentionInterface, PreTrainedModel
 from wmark.errors import BackendError
 from wmark.generator import int8_store
 from wmark.generator.backend import NodeTable
-from wmark.generator.draft_forward import LeanDecoder
 from wmark.generator.fused import fuse_projections, int8_layers
 from wmark.generator.kv_cache import keep_entries, session_cache
+from wmark.generator.lean_decoder import LeanDecoder, lean_decoder
 from wmark.generator.rowwise import (
     ATTENTION_NAME,
     convert_linears,
@@ -143,14 +144,14 @@ class HFSession:
         device = self.lm.device
         ids = torch.tensor([inputs], device=device)
         mask4d, position_ids = mask[None, None].to(device), torch.tensor([positions], device=device)
-        if self.lm.exact_attention:
-            out = self._model_forward(ids, mask4d, position_ids)
-        else:
-            with stock_attention():
-                if self.lm.lean is not None:
-                    out = self.lm.lean(ids, mask4d, position_ids, self.cache)
-                else:
-                    out = self._model_forward(ids, mask4d, position_ids)
+        lean = self.lm.lean
+        if lean is not None and lean.exact != self.lm.exact_attention:
+            lean = None  # made for the other kind of attention (exact_attention changed since)
+        with contextlib.nullcontext() if self.lm.exact_attention else stock_attention():
+            if lean is not None:
+                out = lean(ids, mask4d, position_ids, self.cache)
+            else:
+                out = self._model_forward(ids, mask4d, position_ids)
         self.forwards += 1
         logits = out[0].to(torch.float32)
         if n_pending:
@@ -200,10 +201,10 @@ class HFModel:
     `exact_attention` (True): with the int8 precision, attention row by row (batch-invariant).
     A drafter may set it False (`wmark.generator.drafters.build_drafter` does): its forwards
     then run `stock_attention` (one SDPA call per layer), cheaper, with rounding that depends
-    on the block's shape, which a drafter can afford since it only proposes. `lean` (None):
-    such a drafter's forwards skip transformers' generic decoder for
-    `wmark.generator.draft_forward.LeanDecoder`, which `build_drafter` sets where the
-    architecture allows.
+    on the block's shape, which a drafter can afford since it only proposes. `lean`: the
+    session's forwards (not the prompt's prefill) skip transformers' generic decoder for
+    `wmark.generator.lean_decoder.LeanDecoder`: an exact one for an int8 model (batch-invariant
+    like the rest of the int8 path), set here; `build_drafter` gives a drafter its own.
     """
 
     def __init__(
@@ -225,6 +226,9 @@ class HFModel:
             next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")
         )
         self.dtype = torch.float32 if model.config._attn_implementation == ATTENTION_NAME else model.dtype
+        if model.config._attn_implementation == ATTENTION_NAME and self.device.type == "cpu":
+            exact = lean_decoder(model, exact=True)
+            self.lean = exact if exact is not None and exact.int8 is not None else None
 
     def session(self, prompt_ids: Sequence[int]) -> HFSession:
         """See `LanguageModel.session`."""

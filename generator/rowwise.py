@@ -195,14 +195,14 @@ class RowInt8Linear(nn.Module):
     def rms_forward(self, x: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
         """This layer of RMSNorm(x) * norm, the norm computed inside the kernel call.
 
-        Row-local and deterministic, but not torch's `rms_norm` bit for bit: for draft models
-        (`wmark.generator.draft_forward`), whose numbers never reach the text.
+        Row-local and deterministic (batch-invariant, as the layer itself), but not torch's
+        `rms_norm` bit for bit (`wmark.generator.lean_decoder` runs it).
         """
         return self._run(x, self.in_features, _RMS_NORM, norm.detach().to(torch.float32).contiguous(), eps)
 
     def swiglu_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """This layer of silu(gate) * up, where `gate_up` (..., 2 x in_features) holds gate, then up;
-        computed inside the kernel call (draft models only, as `rms_forward`)."""
+        computed inside the kernel call (row-local, as `rms_forward`)."""
         return self._run(gate_up, 2 * self.in_features, _SWIGLU)
 
     def _run(

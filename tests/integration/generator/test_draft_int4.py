@@ -12,11 +12,11 @@ import torch
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.generator import _int8_gemm
-from wmark.generator.draft_forward import lean_decoder
 from wmark.generator.draft_int4 import RowInt4Linear, cut_to_int4
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fused import int8_layers
 from wmark.generator.hf_backend import HFModel, prepare_model
+from wmark.generator.lean_decoder import lean_decoder
 from wmark.generator.rowwise import RowInt8Linear
 
 BACKENDS = _int8_gemm.backends()

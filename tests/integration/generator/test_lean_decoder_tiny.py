@@ -1,4 +1,4 @@
-"""The lean drafter forward (generator/draft_forward.py) computes what transformers' decoder
+"""The lean decoder (generator/lean_decoder.py) computes what transformers' decoder
 computes, on tree-shaped blocks over a growing cache, and a drafter running it keeps the text."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
-from wmark.generator.draft_forward import LeanDecoder, lean_decoder
 from wmark.generator.drafters import build_drafter
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fused import FusedGroup, _Slice, stack, stacked_layer
 from wmark.generator.hf_backend import HFModel, prepare_model
 from wmark.generator.hybrid_drafter import HybridDrafter
+from wmark.generator.lean_decoder import LeanDecoder, lean_decoder
 from wmark.generator.rowwise import RowInt8Linear
 
 EOS = frozenset({0})
@@ -133,3 +133,31 @@ def test_a_lean_drafter_keeps_the_text(tiny_qwen, precision):
     out = run("mpfr", drafter, 3)
     assert out.token_ids == reference.token_ids
     assert out.draft_forwards > 0 and out.aatps > 1.0  # the lean model really drafted, and well
+
+
+def test_an_int8_target_runs_exact_and_each_tree_row_gets_its_logits_alone(tiny_qwen):
+    """The int8 target's forwards run the lean decoder in exact mode: in a 40-row tree (past the
+    32 rows where a drafter's forward switches to SDPA) each row's logits equal, bit for bit,
+    those of its path decoded one token at a time."""
+    target = HFModel(prepare_model(tiny_qwen(3), "int8", "cpu"), EOS)
+    assert target.lean is not None and target.lean.exact and target.lean.int8 is not None
+    chain = [(i - 1, 10 + i) for i in range(20)]  # nodes 0-19: one path of 20 tokens
+    siblings = [(-1, 100 + i) for i in range(20)]  # nodes 20-39: 20 one-token drafts
+    parents, tokens = zip(*(chain + siblings), strict=True)
+    root, nodes = target.session(PROMPT).extend(list(parents), list(tokens))
+    assert nodes.shape[0] == 40
+
+    def alone(path: list[int]) -> torch.Tensor:
+        session = target.session(PROMPT)
+        logits, _ = session.extend([], [])
+        for token in path:
+            _, rows = session.extend([-1], [token])
+            session.accept([0], [])
+            logits = rows[0]
+        return logits
+
+    assert torch.equal(root, alone([]))
+    assert torch.equal(nodes[19], alone([t for _, t in chain]))  # the deepest node
+    assert torch.equal(nodes[4], alone([t for _, t in chain[:5]]))
+    for node in (20, 39):
+        assert torch.equal(nodes[node], alone([tokens[node]]))

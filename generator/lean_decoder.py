@@ -1,26 +1,31 @@
-"""A draft model's forward pass without transformers' per-call machinery: a cheaper drafter level.
+"""A decoder forward without transformers' per-call machinery, for the target and for drafters.
 
-A drafter level is one forward of the 0.5B draft model over 1-4 rows. Its int8 GEMMs take
+A drafter level is one forward of the 0.5B draft model over 1-4 rows. Its int8 GEMMs took
 about 13 ms on this CPU, but the whole call took ~23 ms: transformers' generic decoder (mask
 and cache bookkeeping, rotary tables rebuilt per call, GQA keys copied per query head,
-per-module hooks and output records) costs almost as much as the weights. `LeanDecoder` runs
-the same layers of a Qwen2/Llama-style model directly: RMSNorm as one fused op, the rotary
-angles once per call, attention through wmark's tree kernel (`rowwise.tree_attention`) for a
-level's few rows and one SDPA call per layer that shares key/value heads (`enable_gqa`) for a
-prompt, and the session's `DynamicCache` updated as transformers does, so the session code is
-unchanged.
+per-module hooks and output records) costs almost as much as the weights; the 1.5B target's
+one-row forward spent ~17 of 77 ms outside its GEMMs. `LeanDecoder` runs the same layers of a
+Qwen2/Llama-style model directly: the rotary angles once per call, attention through wmark's
+tree kernel (`rowwise.tree_attention`), and the session's cache updated as transformers does,
+so the session code is unchanged.
 
-Where every projection is one of wmark's int8 layers on the CPU (the embedded drafter, 8- or
-4-bit), a layer is six calls, not ~35 torch ops: each RMSNorm runs inside the GEMM call that
-reads it (`RowInt8Linear.rms_forward`), silu(gate) * up inside the down projection's
-(`swiglu_forward`), and one C call splits q/k/v into heads and applies the rotary embedding
-(`_tree_attention.rotate`). On a 2-core Xeon that took the embedded drafter's one-row forward
-from 16.5 to ~12 ms at two threads (BENCHMARKS.md).
+Where every projection is one of wmark's int8 layers on the CPU (the int8 target; the embedded
+drafter, 8- or 4-bit), a layer is six calls, not ~35 torch ops: each RMSNorm runs inside the
+GEMM call that reads it (`RowInt8Linear.rms_forward`), silu(gate) * up inside the down
+projection's (`swiglu_forward`), and one C call splits q/k/v into heads and applies the rotary
+embedding (`_tree_attention.rotate`). Other layers (float drafters) run the same steps as torch
+ops.
 
-Only a drafter runs it (`HFModel.lean`, set by `wmark.generator.drafters.build_drafter` for a
-model that only drafts). Its numbers differ from transformers' in the last bits, which changes
-which tokens it proposes, never the text: every emitted token is the target's race winner.
+Every step is row-local: a row's numbers depend on its own input and the keys it sees, never on
+how many rows share the forward. So the target runs it `exact` (every forward's rows through
+the tree kernel; the prompt's prefill stays transformers' SDPA forward, the same for every
+session), and a token decoded alone and the same token verified in a draft tree get the same
+logits, bit for bit: the text cannot depend on the drafter. A drafter runs it with SDPA for
+blocks of more than 32 rows (a prompt), whose rounding depends on the block's shape, which only
+changes what it proposes. The numbers are not transformers' to the last bit (other rounding of
+the norms and SiLU), so a seed's text differs from wmark versions that ran transformers' decoder.
 """
+
 
 from __future__ import annotations
 
@@ -91,16 +96,20 @@ class LeanDecoder:
         model: a transformers causal LM whose decoder (`model.model`) has `embed_tokens`,
             `layers` (self_attn with q/k/v/o_proj, mlp with gate/up/down_proj and SiLU, two RMSNorms),
             `norm` and `rotary_emb`, as Qwen2 and Llama have. `lean_decoder` checks this.
+        exact: every row attends through the tree kernel, however many rows a forward has, so that
+            a row's numbers depend on that row alone (a target's forwards; the prompt's prefill
+            does not run here). Otherwise forwards of more than 32 rows take SDPA (a drafter).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, exact: bool = False) -> None:
+        self.exact = exact
         # transformers' modules type their attributes loosely (Tensor | Module): read them as Any.
         decoder: Any = model.model
         config: Any = model.config
         self.embed: nn.Module = decoder.embed_tokens
         self.layers: list[Any] = list(decoder.layers)
         self.norm: nn.Module = decoder.norm
-        self.head: nn.Module = model.get_output_embeddings()
+        self._model = model  # its output layer is looked up per call: truncate_head may replace it
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
@@ -135,8 +144,8 @@ class LeanDecoder:
         x = self.embed(input_ids).to(torch.float32)
         n = x.shape[1]
         # a drafter level (few rows) attends through wmark's tree kernel, the prompt (many rows)
-        # through SDPA, whose blocked kernel wins there
-        visible = visible_keys(attention_mask) if n <= _KERNEL_ROWS else None
+        # through SDPA, whose blocked kernel wins there; an exact decoder always takes the kernel
+        visible = visible_keys(attention_mask) if self.exact or n <= _KERNEL_ROWS else None
         angles = position_ids[0].to(torch.float32)[:, None] * self.inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
@@ -161,7 +170,7 @@ class LeanDecoder:
             h = self._rms(x, layer.post_attention_layernorm)
             gate, up = self.gate_up[index](h)
             x = x + self.down[index](nn.functional.silu(gate) * up)[0]
-        logits: torch.Tensor = self.head(self._rms(x, self.norm))
+        logits: torch.Tensor = self._model.get_output_embeddings()(self._rms(x, self.norm))
         return logits
 
     def _int8_forward(
@@ -195,12 +204,17 @@ class LeanDecoder:
                 ).transpose(1, 2)
             x = x + layer.o(out.reshape(1, n, self.heads * d))
             x = x + layer.down.swiglu_forward(layer.gate_up.rms_forward(x, layer.norm_post, self.eps))
-        logits: torch.Tensor = self.head(self._rms(x, self.norm))
+        head = self._model.get_output_embeddings()
+        if isinstance(head, RowInt8Linear):
+            logits: torch.Tensor = head.rms_forward(x, self.norm.weight, self.eps)
+            return logits
+        logits = head(self._rms(x, self.norm))
         return logits
 
 
-def lean_decoder(model: nn.Module) -> LeanDecoder | None:
-    """A `LeanDecoder` for `model`, or None where its architecture is not the one it runs."""
+def lean_decoder(model: nn.Module, *, exact: bool = False) -> LeanDecoder | None:
+    """A `LeanDecoder` for `model` (`exact`: see the class), or None where its architecture is
+    not the one it runs."""
     config = getattr(model, "config", None)
     decoder = getattr(model, "model", None)
     if config is None or decoder is None or getattr(config, "model_type", None) not in ("qwen2", "llama"):
@@ -217,4 +231,4 @@ def lean_decoder(model: nn.Module) -> LeanDecoder | None:
         return None
     if not all(hasattr(layer.mlp, p) for layer in layers for p in _MLP_PARTS):
         return None
-    return LeanDecoder(model)
+    return LeanDecoder(model, exact=exact)
