@@ -109,6 +109,7 @@ class LeanDecoder:
         self.embed: nn.Module = decoder.embed_tokens
         self.layers: list[Any] = list(decoder.layers)
         self.norm: nn.Module = decoder.norm
+        self.norm_weight = decoder.norm.weight.detach().to(torch.float32).contiguous()
         self._model = model  # its output layer is looked up per call: truncate_head may replace it
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
@@ -206,7 +207,7 @@ class LeanDecoder:
             x = x + layer.down.swiglu_forward(layer.gate_up.rms_forward(x, layer.norm_post, self.eps))
         head = self._model.get_output_embeddings()
         if isinstance(head, RowInt8Linear):
-            logits: torch.Tensor = head.rms_forward(x, self.norm.weight, self.eps)
+            logits: torch.Tensor = head.rms_forward(x, self.norm_weight, self.eps)
             return logits
         logits = head(self._rms(x, self.norm))
         return logits
