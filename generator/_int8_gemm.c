@@ -93,7 +93,23 @@ typedef struct {
     Py_ssize_t m, n, groups;
     int backend;
     int nibbles; /* 4-bit weights (linear4): GROUP4 bytes a group */
+    const struct rows_job *rows; /* non-NULL: the call's rows phase (its chunks are rows), not tiles */
 } job_t;
+
+/* A call's rows phase: each row of x through the prologue (if any), then quantised. */
+typedef struct rows_job {
+    const float *x;     /* (m, k), or (m, 2k) for SWIGLU */
+    const float *norm;  /* (k): RMS_NORM's weight */
+    float eps;
+    float *h;           /* (m, k) scratch for the prologue's rows, or NULL */
+    int prologue, rounding;
+    Py_ssize_t k, kp;
+    int8_t *q;
+    uint8_t *aux;
+    float *rowscale;
+} rows_job_t;
+
+static void run_rows(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last);
 
 /* ---- the epilogue, portable: (float)sum * scale * rowscale (+ bias), in that order ---- */
 static inline float finish(int32_t sum, float scale, float rowscale, const float *bias, Py_ssize_t c) {
@@ -457,6 +473,7 @@ static void run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
  */
 #define MAX_THREADS 64
 #define MAX_CHUNKS 512
+#define PARALLEL_ROWS_ELEMENTS 16384 /* a call's rows phase runs on the pool from this many elements */
 #define SPIN_ROUNDS 20000
 
 /* The claim word: epoch (32 bits) | threads (8) | chunks (12) | next chunk (12). */
@@ -500,7 +517,10 @@ static uint64_t take_chunks(uint64_t word, int id) {
                                                    memory_order_acquire))
             continue; /* word now holds what is there: another claim, or the next call */
         const int i = CLAIM_NEXT(word);
-        run_tiles(pool_job, pool_bounds[i], pool_bounds[i + 1]);
+        if (pool_job->rows != NULL)
+            run_rows(pool_job->rows, pool_bounds[i], pool_bounds[i + 1]);
+        else
+            run_tiles(pool_job, pool_bounds[i], pool_bounds[i + 1]);
         atomic_fetch_add_explicit(&pool_done, 1, memory_order_release);
         word = atomic_load_explicit(&pool_claim, memory_order_acquire);
     }
@@ -541,10 +561,10 @@ static void pool_after_fork(void) {
     pthread_cond_init(&pool_wake, NULL);
 }
 
-/* Run `job` on `threads` threads, the caller's included (fewer where no more could start).
- * Called with call_lock held. */
+/* Run `job` on `threads` threads, the caller's included (fewer where no more could start):
+ * its tiles, or for a rows phase its m rows, in chunks. Called with call_lock held. */
 static void run_job(const job_t *job, int threads) {
-    const Py_ssize_t tiles = tiles_of(job->n);
+    const Py_ssize_t tiles = job->rows != NULL ? job->m : tiles_of(job->n); /* the units it cuts */
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > tiles) threads = (int)tiles;
     while (pool_started < threads - 1) {
@@ -559,7 +579,10 @@ static void run_job(const job_t *job, int threads) {
     }
     if (threads > pool_started + 1) threads = pool_started + 1;
     if (threads <= 1) {
-        run_tiles(job, 0, tiles);
+        if (job->rows != NULL)
+            run_rows(job->rows, 0, tiles);
+        else
+            run_tiles(job, 0, tiles);
         return;
     }
     pool_job = job;
@@ -784,6 +807,40 @@ __attribute__((target("avx2"))) static void swiglu_rows_avx2(const float *x, Py_
     }
 }
 #endif
+
+/* Rows first .. last of a call's rows phase: the prologue into h, then quantisation. Rows are
+ * independent, so any split over threads gives the same bytes. */
+static void run_rows(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
+    const Py_ssize_t count = last - first, k = rows->k;
+    const float *src = rows->x + first * k;
+#ifdef WMARK_X86
+    const int vector = rows->rounding != PORTABLE;
+#else
+    const int vector = 0;
+#endif
+    if (rows->prologue == RMS_NORM) {
+        float *h = rows->h + first * k;
+#ifdef WMARK_X86
+        if (vector)
+            rms_norm_rows_avx2(src, count, k, rows->norm, rows->eps, h);
+        else
+#endif
+            rms_norm_rows(src, count, k, rows->norm, rows->eps, h);
+        src = h;
+    } else if (rows->prologue == SWIGLU) {
+        float *h = rows->h + first * k;
+        src = rows->x + first * 2 * k;
+#ifdef WMARK_X86
+        if (vector)
+            swiglu_rows_avx2(src, count, k, h);
+        else
+#endif
+            swiglu_rows(src, count, k, h);
+        src = h;
+    }
+    quantise_rows(src, count, k, rows->kp, rows->rounding, rows->q + first * rows->kp,
+                  rows->aux != NULL ? rows->aux + first * rows->kp : NULL, rows->rowscale + first);
+}
 
 /* ---- Python interface ---- */
 static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name, Py_ssize_t need) {
@@ -1034,33 +1091,17 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
             PyErr_NoMemory();
             goto done;
         }
+        const rows_job_t rows_job = {views[0].buf, norm_view.buf, eps, h, prologue, rounding, k, kp, q, aux, rowscale};
         job_t job = {views[1].buf, views[2].buf, views[3].buf, has_bias ? views[4].buf : NULL, q, aux, rowscale,
-                     views[5].buf, m, n, groups, backend, nibbles};
+                     views[5].buf, m, n, groups, backend, nibbles, NULL};
+        job_t rows_phase = job;
+        rows_phase.rows = &rows_job;
+        if (threads < 1) threads = 1;
         Py_BEGIN_ALLOW_THREADS;
-#ifdef WMARK_X86
-        const int vector = rounding != PORTABLE;
-#else
-        const int vector = 0;
-#endif
-        if (prologue == RMS_NORM) {
-#ifdef WMARK_X86
-            if (vector)
-                rms_norm_rows_avx2(views[0].buf, m, k, norm_view.buf, eps, h);
-            else
-#endif
-                rms_norm_rows(views[0].buf, m, k, norm_view.buf, eps, h);
-        }
-        if (prologue == SWIGLU) {
-#ifdef WMARK_X86
-            if (vector)
-                swiglu_rows_avx2(views[0].buf, m, k, h);
-            else
-#endif
-                swiglu_rows(views[0].buf, m, k, h);
-        }
-        quantise_rows(h != NULL ? h : views[0].buf, m, k, kp, rounding, q, aux, rowscale);
         pthread_mutex_lock(&call_lock);
-        run_job(&job, threads < 1 ? 1 : threads);
+        /* quantising (and a prologue) is ~1 ns an element: worth the pool from a few thousand */
+        run_job(&rows_phase, m * k >= PARALLEL_ROWS_ELEMENTS ? threads : 1);
+        run_job(&job, threads);
         pthread_mutex_unlock(&call_lock);
         Py_END_ALLOW_THREADS;
         free(q);

@@ -100,15 +100,21 @@ class HFSession:
         causal = torch.ones(len(head), len(head), dtype=torch.bool).tril()
         dtype = self.lm.dtype
         mask = torch.zeros(causal.shape, dtype=dtype).masked_fill(~causal, torch.finfo(dtype).min)
-        with stock_attention():
-            self.lm.model(
-                input_ids=torch.tensor([head], device=self.lm.device),
-                attention_mask=mask[None, None].to(self.lm.device),
-                position_ids=torch.arange(len(head), device=self.lm.device)[None],
-                cache=self.cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+        ids = torch.tensor([head], device=self.lm.device)
+        mask4d = mask[None, None].to(self.lm.device)
+        positions = torch.arange(len(head), device=self.lm.device)[None]
+        if self.lm.lean is not None:
+            self.lm.lean.prefill(ids, mask4d, positions, self.cache)
+        else:
+            with stock_attention():
+                self.lm.model(
+                    input_ids=ids,
+                    attention_mask=mask4d,
+                    position_ids=positions,
+                    cache=self.cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
         self.committed = len(head)
         self.pending = self.pending[-1:]
 

@@ -142,16 +142,47 @@ class LeanDecoder:
         `attention_mask`: (1, 1, n, cached + n) additive mask (0 where visible), as the session
         builds it; `position_ids`: (1, n).
         """
-        x = self.embed(input_ids).to(torch.float32)
-        n = x.shape[1]
         # a drafter level (few rows) attends through wmark's tree kernel, the prompt (many rows)
         # through SDPA, whose blocked kernel wins there; an exact decoder always takes the kernel
-        visible = visible_keys(attention_mask) if self.exact or n <= _KERNEL_ROWS else None
+        exact = self.exact or input_ids.shape[1] <= _KERNEL_ROWS
+        x = self._layers(input_ids, attention_mask, position_ids, cache, exact)
+        head = self._model.get_output_embeddings()
+        if self.int8 is not None and isinstance(head, RowInt8Linear):
+            logits: torch.Tensor = head.rms_forward(x, self.norm_weight, self.eps)
+            return logits
+        logits = head(self._rms(x, self.norm))
+        return logits
+
+    @torch.inference_mode()
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+    ) -> None:
+        """The prompt's keys and values into `cache`, through SDPA, without logits (a session's
+        prefill: a function of the prompt alone, so the same for every session)."""
+        self._layers(input_ids, attention_mask, position_ids, cache, exact=False)
+
+    def _layers(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+        exact: bool,
+    ) -> torch.Tensor:
+        """The hidden states after the last layer (before the final norm); `exact`: attention
+        through the tree kernel, else SDPA."""
+        x = self.embed(input_ids).to(torch.float32)
+        visible = visible_keys(attention_mask) if exact else None
         angles = position_ids[0].to(torch.float32)[:, None] * self.inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
         if self.int8 is not None and x.device.type == "cpu":
-            return self._int8_forward(x, cos, sin, attention_mask, visible, cache)
+            return self._int8_layers(x, cos, sin, attention_mask, visible, cache)
+        n = x.shape[1]
         for index, layer in enumerate(self.layers):
             h = self._rms(x, layer.input_layernorm)
             q, k, v = self.qkv[index](h)
@@ -161,20 +192,31 @@ class LeanDecoder:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k, v = cache.update(k, v, index)
-            if visible is not None:
-                out = tree_attention(q, k, v, visible, self.scaling)  # (1, n, heads, d)
-            else:
-                out = nn.functional.scaled_dot_product_attention(
-                    q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=True
-                ).transpose(1, 2)
-            x = x + self.o[index](out.reshape(1, n, self.heads * self.head_dim))[0]
+            x = x + self.o[index](self._attend(q, k, v, attention_mask, visible))[0]
             h = self._rms(x, layer.post_attention_layernorm)
             gate, up = self.gate_up[index](h)
             x = x + self.down[index](nn.functional.silu(gate) * up)[0]
-        logits: torch.Tensor = self._model.get_output_embeddings()(self._rms(x, self.norm))
-        return logits
+        return x
 
-    def _int8_forward(
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attention_mask: torch.Tensor,
+        visible: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """(1, n, heads x d) attention output: the tree kernel where `visible` is given, else SDPA."""
+        n = q.shape[2]
+        if visible is not None:
+            out = tree_attention(q, k, v, visible, self.scaling)  # (1, n, heads, d)
+        else:
+            out = nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=True
+            ).transpose(1, 2)
+        return out.reshape(1, n, self.heads * self.head_dim)
+
+    def _int8_layers(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
@@ -183,7 +225,7 @@ class LeanDecoder:
         visible: torch.Tensor | None,
         cache: DynamicCache,
     ) -> torch.Tensor:
-        """`__call__` where every layer is int8 (`self.int8`): six kernel calls a layer."""
+        """`_layers` where every layer is int8 (`self.int8`): six kernel calls a layer."""
         assert self.int8 is not None
         n, d = x.shape[1], self.head_dim
         cos, sin = cos.contiguous(), sin.contiguous()
@@ -197,20 +239,9 @@ class LeanDecoder:
                 self.heads, self.kv_heads, n, d,
             )  # fmt: skip
             k, v = cache.update(k, v, index)
-            if visible is not None:
-                out = tree_attention(q, k, v, visible, self.scaling)  # (1, n, heads, d)
-            else:
-                out = nn.functional.scaled_dot_product_attention(
-                    q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=True
-                ).transpose(1, 2)
-            x = x + layer.o(out.reshape(1, n, self.heads * d))
+            x = x + layer.o(self._attend(q, k, v, attention_mask, visible))
             x = x + layer.down.swiglu_forward(layer.gate_up.rms_forward(x, layer.norm_post, self.eps))
-        head = self._model.get_output_embeddings()
-        if isinstance(head, RowInt8Linear):
-            logits: torch.Tensor = head.rms_forward(x, self.norm_weight, self.eps)
-            return logits
-        logits = head(self._rms(x, self.norm))
-        return logits
+        return x
 
 
 def lean_decoder(model: nn.Module, *, exact: bool = False) -> LeanDecoder | None:

@@ -9,7 +9,7 @@ import torch
 
 from wmark.generator import _int8_gemm, _tree_attention
 from wmark.generator.draft_int4 import RowInt4Linear
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.rowwise import RowInt8Linear, set_gemm_threads
 
 F = np.float32
 BACKENDS = _int8_gemm.backends()  # this CPU's builds; "portable" runs everywhere
@@ -18,7 +18,9 @@ BACKENDS = _int8_gemm.backends()  # this CPU's builds; "portable" runs everywher
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     _int8_gemm.use_backend(request.param)
+    set_gemm_threads(3)  # calls of many rows run their prologue on the pool's threads
     yield request.param
+    set_gemm_threads(None)
     _int8_gemm.use_backend(BACKENDS[0])
 
 
@@ -79,10 +81,11 @@ def test_the_rms_prologue_is_the_layer_of_the_normed_rows(backend, four_bit):
     layer = _layer(0, 70, 97)  # off the kernel's grain: 70 channels, 97 columns
     if four_bit:  # the drafter's 4-bit layers (portable C where the build is not VNNI: small here)
         layer = RowInt4Linear.from_int8(layer)
-    x = _rows(1, 9, 97)
+    x = _rows(1, 200, 97)  # 19,400 elements: rows split over the pool (9 rows: the caller alone)
     weight = torch.randn(97, generator=torch.Generator().manual_seed(2))
     normed = torch.from_numpy(_rms_rows(x.numpy(), weight.numpy(), 1e-6))
     assert torch.equal(layer.rms_forward(x, weight, 1e-6), layer(normed))
+    assert torch.equal(layer.rms_forward(x[:9], weight, 1e-6), layer(normed[:9]))
     # and it is a real RMSNorm: within float32 rounding of torch's (the layer then re-quantises)
     expected = torch.nn.functional.rms_norm(x, (97,), weight, 1e-6)
     assert torch.allclose(normed, expected, rtol=1e-5, atol=1e-6)
@@ -90,10 +93,11 @@ def test_the_rms_prologue_is_the_layer_of_the_normed_rows(backend, four_bit):
 
 def test_the_swiglu_prologue_is_the_layer_of_silu_gate_times_up(backend):
     layer = _layer(3, 40, 130)  # 130 columns: 16 vectors of 8 and a scalar tail of 2
-    gate_up = _rows(4, 5, 260) * 3
+    gate_up = _rows(4, 140, 260) * 3  # 18,200 gate elements: the rows split over the pool
     gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # saturated and zero gates
     rows = torch.from_numpy(_swiglu_rows(gate_up.numpy()))
     assert torch.equal(layer.swiglu_forward(gate_up), layer(rows))
+    assert torch.equal(layer.swiglu_forward(gate_up[:5]), layer(rows[:5]))
     gate, up = gate_up.split(130, dim=-1)
     assert torch.allclose(rows, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-6)
 

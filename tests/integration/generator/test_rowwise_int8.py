@@ -83,8 +83,9 @@ def test_blocks_on_the_tile_unit_equal_rows_alone(backend):
 
 def test_every_build_and_thread_count_gives_the_same_bits():
     try:
-        # 130 columns: vector code in every build; 192 columns x 40 rows: AMX tiles under "amx"
-        for inp, rows in ((130, 17), (192, 40)):
+        # 130 columns: vector code in every build; 192 columns x 40 rows: AMX tiles under "amx";
+        # x 100 rows: the rows are also quantised on the pool's threads (19,200 elements)
+        for inp, rows in ((130, 17), (192, 40), (192, 100)):
             layer = _layer(4, out=300, inp=inp)
             x = _rows(5, rows, inp)
             expected = _reference(layer, x)
