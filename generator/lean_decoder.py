@@ -175,7 +175,7 @@ class LeanDecoder:
     ) -> torch.Tensor:
         """The hidden states after the last layer (before the final norm); `exact`: attention
         through the tree kernel, else SDPA."""
-        x = self.embed(input_ids).to(torch.float32)
+        x: torch.Tensor = self.embed(input_ids).to(torch.float32)
         visible = visible_keys(attention_mask) if exact else None
         angles = position_ids[0].to(torch.float32)[:, None] * self.inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
