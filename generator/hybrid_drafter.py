@@ -63,12 +63,11 @@ class HybridSession:
         trust = dict.fromkeys(new, 1.0)
         needy = []
         for n in new:
-            row, trust[n] = self.index.row(self._tail(n), self.vocab_size)
-            if trust[n] == 0.0:
+            found = self.index.proposal(self._tail(n), self.vocab_size)
+            if found is None:
                 needy.append(n)
-                trust[n] = 1.0
             else:
-                rows[n] = row
+                rows[n], trust[n] = found
         if self._root is None:
             row, self._root_trust = self.index.row([], self.vocab_size)
             self._root = row if self._root_trust > 0.0 else None

@@ -14,6 +14,7 @@ import numpy.typing as npt
 import torch
 
 from wmark.errors import InputError
+from wmark.generator import _topk
 
 __all__ = ["LogitsConfig", "Support", "supports"]
 
@@ -59,6 +60,19 @@ class Support:
         return float(self.probs[hit[0]]) if hit.size else 0.0
 
 
+def _top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k largest entries, larger first: wmark's one-pass C scan on the CPU (ties by
+    smaller token ID; ~10x torch.topk over a 152k vocabulary), torch.topk elsewhere."""
+    if x.device.type != "cpu" or k == x.shape[-1]:
+        values, ids = torch.topk(x, k, dim=-1, sorted=True)
+        return values, ids
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    values = torch.empty(rows.shape[0], k)
+    ids = torch.empty(rows.shape[0], k, dtype=torch.int64)
+    _topk.top_k(rows.numpy(), values.numpy(), ids.numpy(), rows.shape[0], rows.shape[1], k)
+    return values, ids
+
+
 def supports(logits: torch.Tensor, config: LogitsConfig) -> list[Support]:
     """Process each row of `logits` into a `Support`.
 
@@ -72,7 +86,7 @@ def supports(logits: torch.Tensor, config: LogitsConfig) -> list[Support]:
     x = logits.detach().to(torch.float32)
     vocab = x.shape[-1]
     k = config.top_k if 0 < config.top_k < vocab else vocab
-    values, ids = torch.topk(x, k, dim=-1, sorted=True)
+    values, ids = _top_k(x, k)
     scaled = values.to(torch.float64).cpu() / config.temperature
     probs = torch.softmax(scaled, dim=-1).numpy()
     ids_np = ids.cpu().numpy().astype(np.int64)

@@ -103,9 +103,15 @@ class SuffixIndex:
         self, tail: Sequence[int], vocab_size: int, min_match: int | None = None
     ) -> tuple[torch.Tensor, float]:
         """The proposal row after (text + tail) and its `lookup_trust` (0.0 with no match)."""
+        return self.proposal(tail, vocab_size, min_match) or (proposal_logits(None, vocab_size), 0.0)
+
+    def proposal(
+        self, tail: Sequence[int], vocab_size: int, min_match: int | None = None
+    ) -> tuple[torch.Tensor, float] | None:
+        """`row`, or None with no match (no all -inf row built: a miss costs no 152k-wide fill)."""
         found = self.match(tail, min_match)
         if found is None:
-            return proposal_logits(None, vocab_size), 0.0
+            return None
         counts, length = found
         return proposal_logits(counts, vocab_size), lookup_trust(length, len(counts))
 
