@@ -8,14 +8,16 @@ and "busy" (plus one process spinning on a core, started and stopped by this scr
 settings, each in a process of its own because OpenMP reads its wait policy once at start:
 
 - wmark: threads planned from the cores free before each run (`plan_threads`: torch on the free
-  cores, the int8 GEMM on one more thread whose workers sleep between calls when a core is busy),
-  waiting OpenMP threads sleep (`OMP_WAIT_POLICY=PASSIVE`): what `wmark generate` does;
+  cores, the int8 GEMM on one more thread whose workers sleep between calls and stay off the
+  freest core when a core is busy), waiting OpenMP threads sleep (`OMP_WAIT_POLICY=PASSIVE`):
+  what `wmark generate` does;
 - free cores only: torch and the GEMM both on the free cores, GEMM workers spinning briefly
   between calls (wmark before the GEMM's dynamic chunks);
 - torch default: one thread per core, OpenMP's default wait policy.
 
 Prints tokens/s (median over rounds) per setting and condition, the busy/quiet ratio, the thread
-counts used (torch + GEMM, "p" where GEMM workers sleep between calls) and the load average seen
+counts used (torch + GEMM, "p" where GEMM workers sleep between calls, "wN" for the CPUs they
+were kept on) and the load average seen
 before each run (the machine is shared, so say how busy it was), and whether every run of a round
 gave the same text (it must: threads change only the speed).
 """
@@ -93,7 +95,8 @@ def child(mode: str, method: str, tokens: int, rounds: int) -> None:
                     spinner.wait()
             rate = len(out.token_ids) / out.timings.total
             wait = "p" if plan.gemm_wait == "passive" else ""
-            threads = f"{plan.torch_threads}+{plan.gemm_threads}{wait}"
+            pinned = "" if plan.worker_cpus is None else f" w{','.join(map(str, sorted(plan.worker_cpus)))}"
+            threads = f"{plan.torch_threads}+{plan.gemm_threads}{wait}{pinned}"
             row = {"condition": condition, "threads": threads, "load": load, "rate": rate}
             row["text"] = out.token_ids
             print(json.dumps(row), flush=True)

@@ -34,9 +34,13 @@
  * order, never fused, so it rounds like the torch expression it replaced.
  */
 #define PY_SSIZE_T_CLEAN
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* cpu_set_t, pthread_attr_setaffinity_np: the workers' CPUs */
+#endif
 #include <Python.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -486,6 +490,11 @@ static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER; /* one call at a t
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the workers' sleep */
 static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
 static int pool_started = 0;               /* worker threads started (they never exit) */
+static pthread_t pool_threads[MAX_THREADS]; /* ... their handles (worker i + 1 at [i]) */
+#ifdef __linux__
+static cpu_set_t pool_cpus; /* the CPUs workers may run on, where pool_pinned */
+static int pool_pinned = 0;
+#endif
 static atomic_int pool_spin = SPIN_ROUNDS; /* rounds a worker spins before sleeping (0: passive) */
 static _Atomic uint64_t pool_claim;        /* the claim word of the current call */
 static atomic_int pool_done;               /* chunks of the current call finished */
@@ -572,10 +581,13 @@ static void run_job(const job_t *job, int threads) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+#ifdef __linux__
+        if (pool_pinned) pthread_attr_setaffinity_np(&attr, sizeof(pool_cpus), &pool_cpus);
+#endif
         const int failed = pthread_create(&thread, &attr, worker, (void *)(intptr_t)(pool_started + 1));
         pthread_attr_destroy(&attr);
         if (failed) break;
-        pool_started++;
+        pool_threads[pool_started++] = thread;
     }
     if (threads > pool_started + 1) threads = pool_started + 1;
     if (threads <= 1) {
@@ -1194,6 +1206,51 @@ static PyObject *wait_policy(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(atomic_load_explicit(&pool_spin, memory_order_relaxed) ? "active" : "passive");
 }
 
+/* worker_cpus(cpus): see the method table. Takes call_lock (a call on another thread released the GIL
+ * and holds it until done), so no worker is started or moved while a call runs. */
+static PyObject *worker_cpus(PyObject *self, PyObject *arg) {
+    (void)self;
+#ifdef __linux__
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    int pinned = arg != Py_None;
+    if (pinned) {
+        PyObject *seq = PySequence_Fast(arg, "worker_cpus: expected a sequence of CPU numbers or None");
+        if (seq == NULL) return NULL;
+        const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            const long cpu = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (cpu == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+            if (cpu < 0 || cpu >= CPU_SETSIZE) {
+                Py_DECREF(seq);
+                return PyErr_Format(PyExc_ValueError, "worker_cpus: CPU %ld is out of range", cpu);
+            }
+            CPU_SET((int)cpu, &cpus);
+        }
+        Py_DECREF(seq);
+        if (count == 0) return PyErr_Format(PyExc_ValueError, "worker_cpus: no CPU given (None: any CPU)");
+    } else if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    pthread_mutex_lock(&call_lock);
+    for (int i = 0; i < pool_started; i++)
+        failed |= pthread_setaffinity_np(pool_threads[i], sizeof(cpus), &cpus) != 0;
+    pool_cpus = cpus;
+    pool_pinned = pinned;
+    pthread_mutex_unlock(&call_lock);
+    Py_END_ALLOW_THREADS;
+    if (failed) return PyErr_Format(PyExc_OSError, "worker_cpus: a worker could not be moved to those CPUs");
+#else
+    (void)arg;
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"packed_size", packed_size, METH_VARARGS, "packed_size(n, k): bytes of the packed weights of n x k."},
     {"pack", pack, METH_VARARGS, pack_doc},
@@ -1211,6 +1268,11 @@ static PyMethodDef methods[] = {
      "wait_policy([policy]): how idle workers wait for the next call, 'active' (spin briefly, then\n"
      "sleep) or 'passive' (sleep at once: for workers on cores that other processes use); sets it\n"
      "when given."},
+    {"worker_cpus", worker_cpus, METH_O,
+     "worker_cpus(cpus): run the pool's worker threads (not the calling thread) only on these CPU\n"
+     "numbers, now and when started later; None: on any CPU the caller may use. Linux only (elsewhere\n"
+     "it does nothing). Keeping the workers off the core the caller computes on stops a worker from\n"
+     "taking that core from it when another process holds the other one."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.generator._int8_gemm",

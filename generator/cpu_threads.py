@@ -13,8 +13,11 @@ and plans (`ThreadPlan`):
   chunks dynamically and never wait for a late thread (`wmark.generator._int8_gemm`), so the
   extra thread adds whatever share of the busy core the scheduler gives it, and a thread that
   sleeps between calls is run promptly when woken. On a 2-core Xeon with one core busy, this
-  took `basic-uwm` from 0.62x to ~0.75x of its quiet speed (BENCHMARKS.md). On a quiet machine
-  the workers spin briefly between calls ("active"), which measured 6 % faster than sleeping.
+  took `basic-uwm` from 0.62x to ~0.70x of its quiet speed (BENCHMARKS.md). On a quiet machine
+  the workers spin briefly between calls ("active"), which measured 6 % faster than sleeping;
+- the GEMM's workers stay off the freest core (`worker_cpus`), where the calling thread, which
+  runs everything between GEMM calls, is then left alone: a worker woken onto that core took
+  turns with the caller while the other process kept the other core (0.70x -> 0.74x).
 
 An explicit count (`load_pair(threads=...)`, `WMARK_THREADS` or `OMP_NUM_THREADS`) is used for
 both, with active waiting: the user has chosen.
@@ -22,7 +25,8 @@ both, with active waiting: the user has chosen.
 A long-lived process (the OpenAI-compatible server) plans again before each generation with a
 `CoreMeter`: the cores that other processes left idle since its last reading, counting this
 process's own CPU time as free, so that generating does not make the machine look busy and no
-reading waits for a window to pass.
+reading waits for a window to pass. Its readings cannot tell which core is the free one (its own
+work was spread over all of them), so its plans leave the workers on any core.
 
 The CLI also asks OpenMP to let waiting threads sleep instead of spin (`OMP_WAIT_POLICY=PASSIVE`,
 unless set): OpenMP reads it once, when torch is imported, before any load could measure the
@@ -44,6 +48,7 @@ __all__ = [
     "ThreadPlan",
     "apply_threads",
     "free_cores",
+    "idle_fractions",
     "plan_threads",
     "prefer_passive_wait",
 ]
@@ -54,11 +59,13 @@ _STAT = Path("/proc/stat")
 
 @dataclass(frozen=True)
 class ThreadPlan:
-    """Threads for torch's ops and for the int8 GEMM, and how idle GEMM workers wait."""
+    """Threads for torch's ops and for the int8 GEMM, how idle GEMM workers wait, and the CPUs
+    the GEMM's workers may run on (None: any)."""
 
     torch_threads: int
     gemm_threads: int
     gemm_wait: Literal["active", "passive"]
+    worker_cpus: frozenset[int] | None = None
 
 
 def _cpu_times() -> dict[int, tuple[int, int]]:
@@ -72,8 +79,8 @@ def _cpu_times() -> dict[int, tuple[int, int]]:
     return times
 
 
-def free_cores(window_s: float = 0.25) -> float | None:
-    """Idle capacity of this process's CPUs over `window_s` seconds, in cores; None if unknown."""
+def idle_fractions(window_s: float = 0.25) -> dict[int, float] | None:
+    """Each of this process's CPUs: the fraction of `window_s` seconds it sat idle; None if unknown."""
     allowed = os.sched_getaffinity(0)
     try:
         before = _cpu_times()
@@ -81,12 +88,18 @@ def free_cores(window_s: float = 0.25) -> float | None:
         after = _cpu_times()
     except (OSError, ValueError):
         return None
-    free = 0.0
-    for cpu in allowed:
+    idle = {}
+    for cpu in sorted(allowed):
         if cpu in before and cpu in after:
-            idle, total = (a - b for a, b in zip(after[cpu], before[cpu], strict=True))
-            free += idle / total if total > 0 else 1.0
-    return free
+            idle_jiffies, total = (a - b for a, b in zip(after[cpu], before[cpu], strict=True))
+            idle[cpu] = idle_jiffies / total if total > 0 else 1.0
+    return idle
+
+
+def free_cores(window_s: float = 0.25) -> float | None:
+    """Idle capacity of this process's CPUs over `window_s` seconds, in cores; None if unknown."""
+    idle = idle_fractions(window_s)
+    return None if idle is None else sum(idle.values())
 
 
 def _requested(requested: int | None) -> int | None:
@@ -105,12 +118,15 @@ def _requested(requested: int | None) -> int | None:
     return None
 
 
-def _plan_for(free: float, cores: int) -> ThreadPlan:
-    """The plan for `free` idle cores of `cores` (a core counts when idle half of the time)."""
+def _plan_for(free: float, cores: int, freest: int | None = None) -> ThreadPlan:
+    """The plan for `free` idle cores of `cores` (a core counts when idle half of the time); when
+    a core is busy and the `freest` CPU is known, the GEMM's workers run on the others."""
     threads = max(1, min(cores, math.floor(free + 0.5)))
     if threads == cores:
         return ThreadPlan(threads, threads, "active")
-    return ThreadPlan(threads, threads + 1, "passive")
+    others = frozenset(os.sched_getaffinity(0)) - {freest}
+    pinned = others if freest is not None and others else None
+    return ThreadPlan(threads, threads + 1, "passive", pinned)
 
 
 def plan_threads(requested: int | None = None) -> ThreadPlan:
@@ -126,10 +142,11 @@ def plan_threads(requested: int | None = None) -> ThreadPlan:
     if chosen is not None:
         return ThreadPlan(chosen, chosen, "active")
     cores = len(os.sched_getaffinity(0))
-    free = free_cores()
-    if free is None:
+    idle = idle_fractions()
+    if not idle:
         return ThreadPlan(cores, cores, "active")
-    return _plan_for(free, cores)
+    freest = max(idle, key=lambda cpu: (idle[cpu], -cpu))  # ties: the lowest CPU number
+    return _plan_for(sum(idle.values()), cores, freest)
 
 
 class CoreMeter:
@@ -178,7 +195,8 @@ class CoreMeter:
 
 
 def apply_threads(plan: ThreadPlan) -> None:
-    """Make `plan` the process's: torch's thread count, the GEMM's threads and wait policy."""
+    """Make `plan` the process's: torch's thread count, the GEMM's threads, their wait policy and
+    the CPUs its workers run on (the calling thread is never moved)."""
     import torch  # not at import: the CLI imports this module before torch (prefer_passive_wait)
 
     from wmark.generator import _int8_gemm
@@ -187,6 +205,7 @@ def apply_threads(plan: ThreadPlan) -> None:
     torch.set_num_threads(plan.torch_threads)
     set_gemm_threads(plan.gemm_threads)
     _int8_gemm.wait_policy(plan.gemm_wait)
+    _int8_gemm.worker_cpus(None if plan.worker_cpus is None else sorted(plan.worker_cpus))
 
 
 def prefer_passive_wait() -> None:

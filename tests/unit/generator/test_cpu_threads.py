@@ -44,14 +44,17 @@ Plan = cpu_threads.ThreadPlan
 def test_one_busy_core_leaves_torch_one_thread_and_the_gemm_a_sleeping_second(two_cores):
     two_cores((100, 0), (3, 97))  # cpu0 spinning, cpu1 idle
     assert cpu_threads.free_cores() == pytest.approx(0.97)
-    assert cpu_threads.plan_threads() == Plan(1, 2, "passive")
+    # the caller is left the idle cpu1: the GEMM's worker runs beside the spinner on cpu0
+    assert cpu_threads.plan_threads() == Plan(1, 2, "passive", frozenset({0}))
+    two_cores((3, 97), (100, 0))
+    assert cpu_threads.plan_threads() == Plan(1, 2, "passive", frozenset({1}))
 
 
 def test_a_quiet_machine_gets_every_core_and_a_loaded_one_still_gets_a_thread(two_cores):
     two_cores((10, 90), (20, 80))
-    assert cpu_threads.plan_threads() == Plan(2, 2, "active")
+    assert cpu_threads.plan_threads() == Plan(2, 2, "active")  # workers anywhere
     two_cores((100, 0), (100, 0))
-    assert cpu_threads.plan_threads() == Plan(1, 2, "passive")
+    assert cpu_threads.plan_threads() == Plan(1, 2, "passive", frozenset({1}))  # a tie: cpu0 kept
 
 
 def test_an_explicit_count_or_the_environment_wins(two_cores, monkeypatch):
@@ -87,6 +90,52 @@ def test_applying_a_plan_sets_torch_the_gemm_and_the_wait():
         set_gemm_threads(None)
 
 
+def _thread_cpus() -> dict[int, frozenset[int]]:
+    """Each thread of this process (by native ID): the CPUs it may run on."""
+    return {int(tid): frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning workers needs two CPUs")
+def test_a_plan_moves_the_gemm_workers_and_never_the_caller():
+    import threading
+
+    import numpy as np
+    import torch
+
+    from wmark.generator import _int8_gemm
+    from wmark.generator.rowwise import RowInt8Linear, set_gemm_threads
+
+    before = torch.get_num_threads()
+    layer = RowInt8Linear(*RowInt8Linear.quantize(torch_randn(64, 32)), None)
+    allowed = frozenset(os.sched_getaffinity(0))
+    target = min(allowed)
+    caller = threading.get_native_id()
+    try:
+        cpu_threads.apply_threads(Plan(1, 2, "passive", frozenset({target})))
+        layer(torch_randn(4, 32))  # starts the pool's worker where none ran yet
+        threads = _thread_cpus()
+        assert threads[caller] == allowed
+        assert frozenset({target}) in {cpus for tid, cpus in threads.items() if tid != caller}
+        cpu_threads.apply_threads(Plan(2, 2, "active"))  # a quiet plan: workers anywhere again
+        assert frozenset({target}) not in set(_thread_cpus().values())
+    finally:
+        torch.set_num_threads(before)
+        set_gemm_threads(None)
+        _int8_gemm.worker_cpus(None)
+        _int8_gemm.wait_policy("active")
+    with pytest.raises(ValueError, match="no CPU"):
+        _int8_gemm.worker_cpus([])
+    with pytest.raises(ValueError, match="out of range"):
+        _int8_gemm.worker_cpus([np.iinfo(np.int32).max])
+
+
+def torch_randn(*shape: int):
+    """A seeded float32 tensor (the values do not matter here, only that the GEMM runs)."""
+    import torch
+
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
 def test_passive_wait_respects_a_choice_already_made(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     cpu_threads.prefer_passive_wait()
@@ -100,9 +149,7 @@ def test_the_meter_counts_this_process_as_free_and_other_processes_as_busy(two_c
     """Between two readings /proc/stat says one core was busy; the plan depends on whose it was."""
     own = {"cpu_s": 0.0}
     monkeypatch.setattr(cpu_threads.os, "sysconf", lambda _name: 100)  # 100 jiffies a second
-    monkeypatch.setattr(
-        cpu_threads.os, "times", lambda: os.times_result((own["cpu_s"], 0.0, 0.0, 0.0, 0.0))
-    )
+    monkeypatch.setattr(cpu_threads.os, "times", lambda: os.times_result((own["cpu_s"], 0.0, 0.0, 0.0, 0.0)))
     clock = {"now": 0.0}
     monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: clock["now"])
     meter = cpu_threads.CoreMeter(min_window_s=0.2)
