@@ -17,7 +17,7 @@ and plans (`ThreadPlan`):
   the workers spin briefly between calls ("active"), which measured 6 % faster than sleeping;
 - the GEMM's workers stay off the freest core (`worker_cpus`), where the calling thread, which
   runs everything between GEMM calls, is then left alone: a worker woken onto that core took
-  turns with the caller while the other process kept the other core (0.70x -> 0.74x).
+  turns with the caller while the other process kept the other core (0.69x -> 0.73x).
 
 An explicit count (`load_pair(threads=...)`, `WMARK_THREADS` or `OMP_NUM_THREADS`) is used for
 both, with active waiting: the user has chosen.
@@ -118,15 +118,13 @@ def _requested(requested: int | None) -> int | None:
     return None
 
 
-def _plan_for(free: float, cores: int, freest: int | None = None) -> ThreadPlan:
+def _plan_for(free: float, cores: int, worker_cpus: frozenset[int] | None = None) -> ThreadPlan:
     """The plan for `free` idle cores of `cores` (a core counts when idle half of the time); when
-    a core is busy and the `freest` CPU is known, the GEMM's workers run on the others."""
+    a core is busy, the GEMM's workers run on `worker_cpus` (None: any CPU)."""
     threads = max(1, min(cores, math.floor(free + 0.5)))
     if threads == cores:
         return ThreadPlan(threads, threads, "active")
-    others = frozenset(os.sched_getaffinity(0)) - {freest}
-    pinned = others if freest is not None and others else None
-    return ThreadPlan(threads, threads + 1, "passive", pinned)
+    return ThreadPlan(threads, threads + 1, "passive", worker_cpus)
 
 
 def plan_threads(requested: int | None = None) -> ThreadPlan:
@@ -146,7 +144,7 @@ def plan_threads(requested: int | None = None) -> ThreadPlan:
     if not idle:
         return ThreadPlan(cores, cores, "active")
     freest = max(idle, key=lambda cpu: (idle[cpu], -cpu))  # ties: the lowest CPU number
-    return _plan_for(sum(idle.values()), cores, freest)
+    return _plan_for(sum(idle.values()), cores, frozenset(idle) - {freest} or None)
 
 
 class CoreMeter:

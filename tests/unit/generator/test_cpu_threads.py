@@ -106,13 +106,13 @@ def test_a_plan_moves_the_gemm_workers_and_never_the_caller():
     from wmark.generator.rowwise import RowInt8Linear, set_gemm_threads
 
     before = torch.get_num_threads()
-    layer = RowInt8Linear(*RowInt8Linear.quantize(torch_randn(64, 32)), None)
+    layer = RowInt8Linear(*RowInt8Linear.quantize(_seeded_randn(64, 32)), None)
     allowed = frozenset(os.sched_getaffinity(0))
     target = min(allowed)
     caller = threading.get_native_id()
     try:
         cpu_threads.apply_threads(Plan(1, 2, "passive", frozenset({target})))
-        layer(torch_randn(4, 32))  # starts the pool's worker where none ran yet
+        layer(_seeded_randn(4, 32))  # starts the pool's worker where none ran yet
         threads = _thread_cpus()
         assert threads[caller] == allowed
         assert frozenset({target}) in {cpus for tid, cpus in threads.items() if tid != caller}
@@ -129,7 +129,7 @@ def test_a_plan_moves_the_gemm_workers_and_never_the_caller():
         _int8_gemm.worker_cpus([np.iinfo(np.int32).max])
 
 
-def torch_randn(*shape: int):
+def _seeded_randn(*shape: int):
     """A seeded float32 tensor (the values do not matter here, only that the GEMM runs)."""
     import torch
 
