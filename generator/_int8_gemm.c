@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "_fastmath.h"
+#include "_pool_api.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -98,6 +99,8 @@ typedef struct {
     int backend;
     int nibbles; /* 4-bit weights (linear4): GROUP4 bytes a group */
     const struct rows_job *rows; /* non-NULL: the call's rows phase (its chunks are rows), not tiles */
+    wmark_units_fn each;         /* non-NULL: another kernel's m units (`parallel_for`), not tiles */
+    void *ctx;                   /* ... and its argument */
 } job_t;
 
 /* A call's rows phase: each row of x through the prologue (if any), then quantised. */
@@ -501,6 +504,16 @@ static atomic_int pool_done;               /* chunks of the current call finishe
 static const job_t *pool_job;              /* the current call's parameters ... */
 static Py_ssize_t pool_bounds[MAX_CHUNKS + 1]; /* ... chunk i is tiles bounds[i] .. bounds[i + 1] */
 
+/* Units first .. last of a job: tiles, a rows phase's rows, or another kernel's units. */
+static void run_units(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
+    if (job->each != NULL)
+        job->each(job->ctx, first, last);
+    else if (job->rows != NULL)
+        run_rows(job->rows, first, last);
+    else
+        run_tiles(job, first, last);
+}
+
 /* Cut `tiles` into chunks for `threads` threads (see above); returns the count. */
 static int cut_chunks(Py_ssize_t tiles, int threads, Py_ssize_t *bounds) {
     const Py_ssize_t cap = (tiles + 8 * threads - 1) / (8 * threads);
@@ -526,10 +539,7 @@ static uint64_t take_chunks(uint64_t word, int id) {
                                                    memory_order_acquire))
             continue; /* word now holds what is there: another claim, or the next call */
         const int i = CLAIM_NEXT(word);
-        if (pool_job->rows != NULL)
-            run_rows(pool_job->rows, pool_bounds[i], pool_bounds[i + 1]);
-        else
-            run_tiles(pool_job, pool_bounds[i], pool_bounds[i + 1]);
+        run_units(pool_job, pool_bounds[i], pool_bounds[i + 1]);
         atomic_fetch_add_explicit(&pool_done, 1, memory_order_release);
         word = atomic_load_explicit(&pool_claim, memory_order_acquire);
     }
@@ -571,9 +581,10 @@ static void pool_after_fork(void) {
 }
 
 /* Run `job` on `threads` threads, the caller's included (fewer where no more could start):
- * its tiles, or for a rows phase its m rows, in chunks. Called with call_lock held. */
+ * its tiles, or for a rows phase (or another kernel's job) its m units, in chunks. Called with
+ * call_lock held. */
 static void run_job(const job_t *job, int threads) {
-    const Py_ssize_t tiles = job->rows != NULL ? job->m : tiles_of(job->n); /* the units it cuts */
+    const Py_ssize_t tiles = job->rows != NULL || job->each != NULL ? job->m : tiles_of(job->n);
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > tiles) threads = (int)tiles;
     while (pool_started < threads - 1) {
@@ -591,10 +602,7 @@ static void run_job(const job_t *job, int threads) {
     }
     if (threads > pool_started + 1) threads = pool_started + 1;
     if (threads <= 1) {
-        if (job->rows != NULL)
-            run_rows(job->rows, 0, tiles);
-        else
-            run_tiles(job, 0, tiles);
+        run_units(job, 0, tiles);
         return;
     }
     pool_job = job;
@@ -615,6 +623,16 @@ static void run_job(const job_t *job, int threads) {
 #endif
     }
 }
+
+/* wmark_pool_api.parallel_for (see _pool_api.h). */
+static void parallel_for(wmark_units_fn fn, void *ctx, Py_ssize_t units, int threads) {
+    if (units <= 0) return;
+    const job_t job = {.m = units, .each = fn, .ctx = ctx};
+    pthread_mutex_lock(&call_lock);
+    run_job(&job, threads < 1 ? 1 : threads);
+    pthread_mutex_unlock(&call_lock);
+}
+static const wmark_pool_api pool_api = {parallel_for};
 
 /*
  * ---- quantisation: q = round(x * (127 / peak)), as `torch.round(x * (127.0 / peak))` ----
@@ -1105,7 +1123,7 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         }
         const rows_job_t rows_job = {views[0].buf, norm_view.buf, eps, h, prologue, rounding, k, kp, q, aux, rowscale};
         job_t job = {views[1].buf, views[2].buf, views[3].buf, has_bias ? views[4].buf : NULL, q, aux, rowscale,
-                     views[5].buf, m, n, groups, backend, nibbles, NULL};
+                     views[5].buf, m, n, groups, backend, nibbles, NULL, NULL, NULL};
         job_t rows_phase = job;
         rows_phase.rows = &rows_job;
         if (threads < 1) threads = 1;
@@ -1296,5 +1314,13 @@ PyMODINIT_FUNC PyInit__int8_gemm(void) {
     far_prefetch = __builtin_cpu_is("intel");
 #endif
     pthread_atfork(NULL, NULL, pool_after_fork);
-    return PyModule_Create(&module);
+    PyObject *mod = PyModule_Create(&module);
+    if (mod == NULL) return NULL;
+    PyObject *capsule = PyCapsule_New((void *)&pool_api, WMARK_POOL_CAPSULE, NULL);
+    if (capsule == NULL || PyModule_AddObject(mod, "_pool_api", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
 }

@@ -9,6 +9,10 @@
  * torch version gathered the keys of every row with index_select and ran two small matmuls per
  * row, ~60 % of a verify row's cost after 700 tokens of context).
  *
+ * The unit of work is one row and one key/value head (the query heads that share it): units
+ * run on the int8 GEMM's worker pool (`_pool_api.h`) when a call has enough of them, and a
+ * unit's numbers do not depend on the thread that computed it.
+ *
  * Two builds: AVX2 + FMA intrinsics, and portable C for other CPUs (and head sizes that are not
  * a multiple of 8). The CPU picks one at import, so within one machine every row runs the same
  * instructions; the two builds round differently (FMA), so a seed's text may differ between them.
@@ -19,14 +23,29 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "_fastmath.h"
+#include "_pool_api.h"
 
-typedef void (*attend_fn)(const float *, const float *, const float *, const uint8_t *, float *, Py_ssize_t,
-                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, float, float *, Py_ssize_t *);
+/* One call's shapes and buffers. q: (heads, nq, dim); k, v: (kv_heads, kv_stride, dim), of which
+ * the first nkv keys of each head are used; out: (nq, heads, dim). Row i sees count[i] keys, at
+ * the positions idx[i * nkv ...]. */
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    Py_ssize_t heads, kv_heads, nq, nkv, kv_stride, dim;
+    float scaling;
+    const Py_ssize_t *idx, *count;
+    int fast;       /* run the AVX2 build */
+    atomic_int failed; /* a chunk could not get its scratch */
+} attend_job_t;
+
+/* One unit: row i and key/value head h. scores: the unit's scratch (`SCRATCH_FLOATS`). */
+typedef void (*unit_fn)(const attend_job_t *job, Py_ssize_t i, Py_ssize_t h, float *scores);
 
 /* The visible keys of one mask row, in cache order; returns how many. */
 static Py_ssize_t visible_keys(const uint8_t *row, Py_ssize_t nkv, Py_ssize_t *idx) {
@@ -47,38 +66,33 @@ static inline float softmax_numerators(float *s, Py_ssize_t n) {
 }
 
 /*
- * Portable build. q: (heads, nq, dim); k, v: (kv_heads, kv_stride, dim), of which the first nkv
- * keys of each head are used; visible: (nq, nkv), nonzero where visible; out: (nq, heads, dim). scores: nkv floats of scratch, idx: nkv indices.
- * A dot product sums 8 lanes (lane l: elements d = l mod 8, in order) and then the lanes in a
- * fixed tree; values are accumulated key after key.
+ * Portable build: each query head of the unit in turn. A dot product sums 8 lanes (lane l:
+ * elements d = l mod 8, in order) and then the lanes in a fixed tree; values are accumulated
+ * key after key.
  */
-static void attend_baseline(const float *q, const float *k, const float *v, const uint8_t *visible, float *out,
-                            Py_ssize_t heads, Py_ssize_t kv_heads, Py_ssize_t nq, Py_ssize_t nkv,
-                            Py_ssize_t kv_stride, Py_ssize_t dim, float scaling, float *scores, Py_ssize_t *idx) {
-    const Py_ssize_t group = heads / kv_heads, whole = dim - dim % 8;
-    for (Py_ssize_t i = 0; i < nq; i++) {
-        const Py_ssize_t n = visible_keys(visible + i * nkv, nkv, idx);
-        for (Py_ssize_t head = 0; head < heads; head++) {
-            const float *qh = q + (head * nq + i) * dim;
-            const float *kh = k + (head / group) * kv_stride * dim, *vh = v + (head / group) * kv_stride * dim;
-            for (Py_ssize_t t = 0; t < n; t++) {
-                const float *kj = kh + idx[t] * dim;
-                float acc[8] = {0};
-                for (Py_ssize_t d = 0; d < whole; d += 8)
-                    for (int l = 0; l < 8; l++) acc[l] += qh[d + l] * kj[d + l];
-                for (Py_ssize_t d = whole; d < dim; d++) acc[d - whole] += qh[d] * kj[d];
-                scores[t] = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) *
-                            scaling;
-            }
-            const float z = softmax_numerators(scores, n);
-            float *o = out + (i * heads + head) * dim;
-            memset(o, 0, (size_t)dim * sizeof(float));
-            for (Py_ssize_t t = 0; t < n; t++) {
-                const float *vj = vh + idx[t] * dim, w = scores[t];
-                for (Py_ssize_t d = 0; d < dim; d++) o[d] += w * vj[d];
-            }
-            for (Py_ssize_t d = 0; d < dim; d++) o[d] /= z;
+static void unit_baseline(const attend_job_t *job, Py_ssize_t i, Py_ssize_t h, float *scores) {
+    const Py_ssize_t dim = job->dim, group = job->heads / job->kv_heads, whole = dim - dim % 8;
+    const Py_ssize_t n = job->count[i], *idx = job->idx + i * job->nkv;
+    const float *kh = job->k + h * job->kv_stride * dim, *vh = job->v + h * job->kv_stride * dim;
+    for (Py_ssize_t head = h * group; head < (h + 1) * group; head++) {
+        const float *qh = job->q + (head * job->nq + i) * dim;
+        for (Py_ssize_t t = 0; t < n; t++) {
+            const float *kj = kh + idx[t] * dim;
+            float acc[8] = {0};
+            for (Py_ssize_t d = 0; d < whole; d += 8)
+                for (int l = 0; l < 8; l++) acc[l] += qh[d + l] * kj[d + l];
+            for (Py_ssize_t d = whole; d < dim; d++) acc[d - whole] += qh[d] * kj[d];
+            scores[t] = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) *
+                        job->scaling;
         }
+        const float z = softmax_numerators(scores, n);
+        float *o = job->out + (i * job->heads + head) * dim;
+        memset(o, 0, (size_t)dim * sizeof(float));
+        for (Py_ssize_t t = 0; t < n; t++) {
+            const float *vj = vh + idx[t] * dim, w = scores[t];
+            for (Py_ssize_t d = 0; d < dim; d++) o[d] += w * vj[d];
+        }
+        for (Py_ssize_t d = 0; d < dim; d++) o[d] /= z;
     }
 }
 
@@ -135,82 +149,98 @@ __attribute__((target("avx2,fma"))) static inline float softmax_numerators8(floa
  */
 #define KEY_BLOCK 16
 #define SCORE_STRIDE(nkv) ((nkv) + 8 - (nkv) % 8) /* a head's scores, padded for 8-wide exp */
-__attribute__((target("avx2,fma"))) static void attend_avx2(const float *q, const float *k, const float *v,
-                                                            const uint8_t *visible, float *out, Py_ssize_t heads,
-                                                            Py_ssize_t kv_heads, Py_ssize_t nq, Py_ssize_t nkv,
-                                                            Py_ssize_t kv_stride, Py_ssize_t dim, float scaling,
-                                                            float *scores, Py_ssize_t *idx) {
-    const Py_ssize_t group = heads / kv_heads, stride = SCORE_STRIDE(nkv);
+__attribute__((target("avx2,fma"))) static void unit_avx2(const attend_job_t *job, Py_ssize_t i, Py_ssize_t h,
+                                                          float *scores) {
+    const Py_ssize_t dim = job->dim, group = job->heads / job->kv_heads, stride = SCORE_STRIDE(job->nkv);
+    const Py_ssize_t heads = job->heads, nq = job->nq, n = job->count[i], *idx = job->idx + i * job->nkv;
+    const float *q = job->q, scaling = job->scaling;
+    float *out = job->out;
     const __m256 scale = _mm256_set1_ps(scaling);
-    for (Py_ssize_t i = 0; i < nq; i++) {
-        const Py_ssize_t n = visible_keys(visible + i * nkv, nkv, idx);
-        for (Py_ssize_t h = 0; h < kv_heads; h++) {
-            const float *kh = k + h * kv_stride * dim, *vh = v + h * kv_stride * dim;
-            Py_ssize_t t = 0;
-            for (; t + 8 <= n; t += 8) {
-                const float *kj[8];
-                for (int j = 0; j < 8; j++) kj[j] = kh + idx[t + j] * dim;
-                for (Py_ssize_t g = 0; g < group; g++) {
-                    const float *qh = q + ((h * group + g) * nq + i) * dim;
-                    __m256 acc[8];
-                    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-                    for (Py_ssize_t d = 0; d < dim; d += 8) {
-                        const __m256 qd = _mm256_loadu_ps(qh + d);
-                        for (int j = 0; j < 8; j++)
-                            acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj[j] + d), acc[j]);
-                    }
-                    _mm256_storeu_ps(scores + g * stride + t, _mm256_mul_ps(lane_sums(acc), scale));
-                }
+    const float *kh = job->k + h * job->kv_stride * dim, *vh = job->v + h * job->kv_stride * dim;
+    Py_ssize_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const float *kj[8];
+        for (int j = 0; j < 8; j++) kj[j] = kh + idx[t + j] * dim;
+        for (Py_ssize_t g = 0; g < group; g++) {
+            const float *qh = q + ((h * group + g) * nq + i) * dim;
+            __m256 acc[8];
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+            for (Py_ssize_t d = 0; d < dim; d += 8) {
+                const __m256 qd = _mm256_loadu_ps(qh + d);
+                for (int j = 0; j < 8; j++)
+                    acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj[j] + d), acc[j]);
             }
-            for (; t < n; t++) {
-                const float *kj = kh + idx[t] * dim;
-                for (Py_ssize_t g = 0; g < group; g++) {
-                    const float *qh = q + ((h * group + g) * nq + i) * dim;
-                    __m256 acc[8];
-                    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-                    for (Py_ssize_t d = 0; d < dim; d += 8)
-                        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kj + d), acc[0]);
-                    float sums[8];
-                    _mm256_storeu_ps(sums, lane_sums(acc));
-                    scores[g * stride + t] = sums[0] * scaling;
-                }
-            }
+            _mm256_storeu_ps(scores + g * stride + t, _mm256_mul_ps(lane_sums(acc), scale));
+        }
+    }
+    for (; t < n; t++) {
+        const float *kj = kh + idx[t] * dim;
+        for (Py_ssize_t g = 0; g < group; g++) {
+            const float *qh = q + ((h * group + g) * nq + i) * dim;
+            __m256 acc[8];
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+            for (Py_ssize_t d = 0; d < dim; d += 8)
+                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kj + d), acc[0]);
+            float sums[8];
+            _mm256_storeu_ps(sums, lane_sums(acc));
+            scores[g * stride + t] = sums[0] * scaling;
+        }
+    }
+    for (Py_ssize_t g = 0; g < group; g++) {
+        const float z = softmax_numerators8(scores + g * stride, n);
+        memset(out + (i * heads + h * group + g) * dim, 0, (size_t)dim * sizeof(float));
+        scores[group * stride + g] = z;
+    }
+    for (Py_ssize_t c = 0; c < dim; c += 64) {
+        const int width = (int)((dim - c < 64 ? dim - c : 64) / 8);
+        for (Py_ssize_t u0 = 0; u0 < n; u0 += KEY_BLOCK) {
+            const Py_ssize_t u1 = u0 + KEY_BLOCK < n ? u0 + KEY_BLOCK : n;
             for (Py_ssize_t g = 0; g < group; g++) {
-                const float z = softmax_numerators8(scores + g * stride, n);
-                memset(out + (i * heads + h * group + g) * dim, 0, (size_t)dim * sizeof(float));
-                scores[group * stride + g] = z;
-            }
-            for (Py_ssize_t c = 0; c < dim; c += 64) {
-                const int width = (int)((dim - c < 64 ? dim - c : 64) / 8);
-                for (Py_ssize_t u0 = 0; u0 < n; u0 += KEY_BLOCK) {
-                    const Py_ssize_t u1 = u0 + KEY_BLOCK < n ? u0 + KEY_BLOCK : n;
-                    for (Py_ssize_t g = 0; g < group; g++) {
-                        float *o = out + (i * heads + h * group + g) * dim + c;
-                        const float *w_g = scores + g * stride;
-                        __m256 acc[8];
-                        for (int w = 0; w < width; w++) acc[w] = _mm256_loadu_ps(o + 8 * w);
-                        for (Py_ssize_t u = u0; u < u1; u++) {
-                            const __m256 weight = _mm256_set1_ps(w_g[u]);
-                            const float *vj = vh + idx[u] * dim + c;
-                            for (int w = 0; w < width; w++)
-                                acc[w] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vj + 8 * w), acc[w]);
-                        }
-                        for (int w = 0; w < width; w++) _mm256_storeu_ps(o + 8 * w, acc[w]);
-                    }
+                float *o = out + (i * heads + h * group + g) * dim + c;
+                const float *w_g = scores + g * stride;
+                __m256 acc[8];
+                for (int w = 0; w < width; w++) acc[w] = _mm256_loadu_ps(o + 8 * w);
+                for (Py_ssize_t u = u0; u < u1; u++) {
+                    const __m256 weight = _mm256_set1_ps(w_g[u]);
+                    const float *vj = vh + idx[u] * dim + c;
+                    for (int w = 0; w < width; w++)
+                        acc[w] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vj + 8 * w), acc[w]);
                 }
-            }
-            for (Py_ssize_t g = 0; g < group; g++) {
-                float *o = out + (i * heads + h * group + g) * dim;
-                const __m256 z = _mm256_set1_ps(scores[group * stride + g]);
-                for (Py_ssize_t d = 0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(o + d), z));
+                for (int w = 0; w < width; w++) _mm256_storeu_ps(o + 8 * w, acc[w]);
             }
         }
+    }
+    for (Py_ssize_t g = 0; g < group; g++) {
+        float *o = out + (i * heads + h * group + g) * dim;
+        const __m256 z = _mm256_set1_ps(scores[group * stride + g]);
+        for (Py_ssize_t d = 0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(o + d), z));
     }
 }
 #endif
 
-static attend_fn fast_impl = NULL; /* the AVX2 build where the CPU has it */
+static unit_fn fast_impl = NULL; /* the AVX2 build where the CPU has it */
 static int force_baseline = 0;
+static const wmark_pool_api *pool = NULL; /* the GEMM's worker pool, NULL where it did not load */
+
+/* A call's units go to the pool from this many multiply-adds of their dot products (each row's
+ * visible keys x heads x dim): below it, waking the workers costs more than they save. */
+#define PARALLEL_WORK 65536
+
+/* Scratch of a unit: its query heads' scores, padded for 8-wide exp, then their softmax sums. */
+#define SCRATCH_FLOATS(job) ((size_t)(((job)->heads / (job)->kv_heads) * ((job)->nkv + 16) + 8))
+
+/* Units first .. last of a call, unit u being row u / kv_heads and key/value head u % kv_heads. */
+static void attend_units(void *arg, Py_ssize_t first, Py_ssize_t last) {
+    attend_job_t *job = arg;
+    float *scores = malloc(SCRATCH_FLOATS(job) * sizeof(float));
+    if (scores == NULL) {
+        atomic_store(&job->failed, 1);
+        return;
+    }
+    const unit_fn unit = job->fast ? fast_impl : unit_baseline;
+    for (Py_ssize_t u = first; u < last; u++) unit(job, u / job->kv_heads, u % job->kv_heads, scores);
+    free(scores);
+}
 
 static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
@@ -221,20 +251,22 @@ static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *
 }
 
 PyDoc_STRVAR(attend_doc,
-             "attend(q, k, v, visible, out, heads, kv_heads, nq, nkv, dim, scaling[, kv_stride])\n\n"
+             "attend(q, k, v, visible, out, heads, kv_heads, nq, nkv, dim, scaling[, kv_stride[, threads]])\n\n"
              "q: float32 (heads, nq, dim); k, v: float32 (kv_heads, kv_stride, dim) (kv_stride: nkv unless\n"
              "given: a cache with room to grow), of which each head's first nkv keys are read; visible:\n"
              "uint8 (nq, nkv), nonzero where a row sees a key; out: float32 (nq, heads, dim), written.\n"
              "Each row attends to its visible keys in cache order; its result depends on nothing else.\n"
-             "Releases the GIL.");
+             "threads (default 1): the (row, key/value head) units of a large enough call run on that many\n"
+             "threads of the int8 GEMM's pool, with the same result. Releases the GIL.");
 
 static PyObject *attend(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *objs[5];
     Py_ssize_t heads, kv_heads, nq, nkv, dim, kv_stride = -1;
     float scaling;
-    if (!PyArg_ParseTuple(args, "OOOOOnnnnnf|n", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &heads,
-                          &kv_heads, &nq, &nkv, &dim, &scaling, &kv_stride))
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OOOOOnnnnnf|ni", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &heads,
+                          &kv_heads, &nq, &nkv, &dim, &scaling, &kv_stride, &threads))
         return NULL;
     if (kv_stride < 0) kv_stride = nkv;
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || nq < 0 || nkv < 0 || kv_stride < nkv ||
@@ -259,22 +291,34 @@ static PyObject *attend(PyObject *self, PyObject *args) {
         }
     }
     {
-        const attend_fn impl = fast_impl != NULL && !force_baseline && dim % 8 == 0 ? fast_impl : attend_baseline;
-        /* scores and softmax sums of a key/value head's query heads */
-        float *scores = malloc((size_t)((heads / kv_heads) * (nkv + 16) + 8) * sizeof(float));
-        Py_ssize_t *idx = malloc((size_t)(nkv + 1) * sizeof(Py_ssize_t));
-        if (scores == NULL || idx == NULL) {
-            free(scores);
+        /* every row's visible keys, listed once for all its heads */
+        Py_ssize_t *idx = malloc((size_t)(nq * nkv + 1) * sizeof(Py_ssize_t));
+        Py_ssize_t *count = malloc((size_t)(nq + 1) * sizeof(Py_ssize_t));
+        if (idx == NULL || count == NULL) {
             free(idx);
+            free(count);
             PyErr_NoMemory();
             goto done;
         }
-        Py_BEGIN_ALLOW_THREADS impl((const float *)views[0].buf, (const float *)views[1].buf,
-                                           (const float *)views[2].buf, (const uint8_t *)views[3].buf,
-                                           (float *)views[4].buf, heads, kv_heads, nq, nkv, kv_stride, dim, scaling,
-                                           scores, idx);
-        Py_END_ALLOW_THREADS free(scores);
+        attend_job_t job = {views[0].buf, views[1].buf, views[2].buf, views[4].buf, heads, kv_heads, nq, nkv,
+                            kv_stride, dim, scaling, idx, count, fast_impl != NULL && !force_baseline && dim % 8 == 0, 0};
+        Py_BEGIN_ALLOW_THREADS;
+        Py_ssize_t work = 0;
+        for (Py_ssize_t i = 0; i < nq; i++) {
+            count[i] = visible_keys((const uint8_t *)views[3].buf + i * nkv, nkv, idx + i * nkv);
+            work += count[i];
+        }
+        if (pool != NULL && threads > 1 && work * heads * dim >= PARALLEL_WORK)
+            pool->parallel_for(attend_units, &job, nq * kv_heads, threads);
+        else
+            attend_units(&job, 0, nq * kv_heads);
+        Py_END_ALLOW_THREADS;
         free(idx);
+        free(count);
+        if (atomic_load(&job.failed)) {
+            PyErr_NoMemory();
+            goto done;
+        }
         result = Py_None;
         Py_INCREF(result);
     }
@@ -351,6 +395,12 @@ static PyObject *backend(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(fast_impl != NULL && !force_baseline ? "avx2" : "baseline");
 }
 
+static PyObject *pooled(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyBool_FromLong(pool != NULL);
+}
+
 static PyObject *use_baseline(PyObject *self, PyObject *args) {
     (void)self;
     int flag;
@@ -363,6 +413,7 @@ static PyMethodDef methods[] = {
     {"attend", attend, METH_VARARGS, attend_doc},
     {"rotate", rotate, METH_VARARGS, rotate_doc},
     {"backend", backend, METH_NOARGS, "Which build of the kernel runs here: 'avx2' or 'baseline'."},
+    {"pooled", pooled, METH_NOARGS, "Whether calls with threads > 1 can use the int8 GEMM's worker pool."},
     {"use_baseline", use_baseline, METH_VARARGS,
      "use_baseline(flag): force (True) or release (False) the portable build (for tests)."},
     {NULL, NULL, 0, NULL}};
@@ -375,8 +426,16 @@ PyMODINIT_FUNC PyInit__tree_attention(void) {
 #ifdef WMARK_HAVE_AVX2_BUILD
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        fast_impl = attend_avx2;
+        fast_impl = unit_avx2;
     }
 #endif
+    /* (PyCapsule_Import would look the module up as attributes of its parents, which a
+     * package that is still importing does not have yet) */
+    PyObject *gemm = PyImport_ImportModule("wmark.generator._int8_gemm");
+    PyObject *capsule = gemm != NULL ? PyObject_GetAttrString(gemm, "_pool_api") : NULL;
+    pool = capsule != NULL ? PyCapsule_GetPointer(capsule, WMARK_POOL_CAPSULE) : NULL;
+    Py_XDECREF(capsule); /* the module keeps the capsule, and its pointer, alive */
+    Py_XDECREF(gemm);
+    if (pool == NULL) PyErr_Clear(); /* then every call runs on the calling thread */
     return PyModule_Create(&module);
 }

@@ -26,11 +26,11 @@ def _case(rng: np.random.Generator, heads: int, kv_heads: int, nq: int, nkv: int
     return q, k, v, visible
 
 
-def _attend(q, k, v, visible, scaling):
+def _attend(q, k, v, visible, scaling, threads=1):
     heads, nq, dim = q.shape
     kv_heads, nkv, _ = k.shape
     out = np.empty((nq, heads, dim), dtype=np.float32)
-    _tree_attention.attend(q, k, v, visible, out, heads, kv_heads, nq, nkv, dim, scaling)
+    _tree_attention.attend(q, k, v, visible, out, heads, kv_heads, nq, nkv, dim, scaling, nkv, threads)
     return out
 
 
@@ -102,6 +102,51 @@ def test_a_row_is_its_context_decoded_alone(build, heads, kv_heads, nq, nkv, dim
             np.ascontiguousarray(q[:, pair]), k, v, np.ascontiguousarray(visible[pair]), dim**-0.5
         )
         assert np.array_equal(beside[0], batch[i]), i
+
+
+@pytest.mark.parametrize("heads,kv_heads,nq,nkv,dim", [*SHAPES, (12, 2, 20, 300, 128), (14, 2, 1, 500, 64)])
+def test_threads_do_not_change_a_bit(build, heads, kv_heads, nq, nkv, dim):
+    """The (row, key/value head) units run on the GEMM's pool when a call is large enough (the last
+    two shapes: a verify tree and a draft model's one-row decode, both past the pool's threshold);
+    which thread computed a unit, and how the units were cut into chunks, leaves every bit as one
+    thread computes it."""
+    assert _tree_attention.pooled()  # the pool loaded: threads > 1 really reach it
+    rng = np.random.default_rng(11 + nkv)
+    q, k, v, visible = _case(rng, heads, kv_heads, nq, nkv, dim)
+    one = _attend(q, k, v, visible, dim**-0.5)
+    for threads in (2, 3, 8):
+        assert np.array_equal(_attend(q, k, v, visible, dim**-0.5, threads), one), threads
+
+
+def test_attention_and_gemm_calls_share_the_pool_from_many_threads():
+    """Python threads calling the kernel and the int8 GEMM at once (the server's threads, a draft
+    model on its own thread) take turns on the pool: every call gets the result it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from wmark.generator import _int8_gemm
+
+    rng = np.random.default_rng(5)
+    q, k, v, visible = _case(rng, 12, 2, 9, 200, 128)
+    want = _attend(q, k, v, visible, 0.1)
+    n, kdim, m = 96, 64, 5
+    weight = rng.integers(-127, 128, (n, kdim), dtype=np.int8)
+    packed = np.zeros(_int8_gemm.packed_size(n, kdim), dtype=np.uint8)
+    colsum = np.zeros(((n + 31) // 32) * 32, dtype=np.int32)
+    _int8_gemm.pack(weight, packed, colsum, n, kdim)
+    x = rng.standard_normal((m, kdim), dtype=np.float32)
+    scale = np.full(n, 0.01, dtype=np.float32)
+
+    def gemm():
+        out = np.empty((m, n), dtype=np.float32)
+        _int8_gemm.linear(x, packed, colsum, scale, None, out, m, n, kdim, 2)
+        return out
+
+    gemm_want = gemm()
+    with ThreadPoolExecutor(4) as pool:
+        attends = [pool.submit(_attend, q, k, v, visible, 0.1, 2) for _ in range(12)]
+        gemms = [pool.submit(gemm) for _ in range(12)]
+        assert all(np.array_equal(f.result(), want) for f in attends)
+        assert all(np.array_equal(f.result(), gemm_want) for f in gemms)
 
 
 def test_rowwise_attention_takes_the_4d_mask_and_gqa_layout(build):
