@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["ROOM", "SlabLayer", "keep_entries", "session_cache"]
+__all__ = ["ROOM", "SlabLayer", "keep_entries", "plan_moves", "session_cache"]
 
 ROOM = 256
 """Rows of spare room a buffer gets beyond what it first holds (it doubles when full)."""
@@ -72,22 +72,22 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc]  # transformers is untyped 
         self.keys = self._keys[:, :, :length]
         self.values = self._values[:, :, :length]
 
-    @torch.inference_mode()  # the buffers are inference tensors (forwards run in that mode)
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only `rows` (increasing), in that order: each moves down to its new place."""
+        self.keep_moves(*plan_moves(rows))
+
+    @torch.inference_mode()  # the buffers are inference tensors (forwards run in that mode)
+    def keep_moves(self, first: int, moved: torch.Tensor | None, count: int) -> None:
+        """`keep` planned by `plan_moves`: rows below `first` stay, `moved` go to first .. count."""
         if not self.is_initialized or self._keys is None or self._values is None:
             return
-        first = next((i for i, row in enumerate(rows) if row != i), len(rows))  # rows already in place
-        moved = list(rows[first:])
-        if any(b <= a for a, b in zip(rows, rows[1:], strict=False)) or len(rows) > self.length or (
-            moved and moved[-1] >= self.length
-        ):
+        if count > self.length or (moved is not None and int(moved[-1]) >= self.length):
             raise ValueError("keep: rows must be increasing cache entries")
-        if moved:  # gathered first, then written: a row never overwrites one still to move
-            index = torch.tensor(moved, device=self._keys.device)
-            self._keys[:, :, first : len(rows)] = self._keys.index_select(2, index)
-            self._values[:, :, first : len(rows)] = self._values.index_select(2, index)
-        self._show(len(rows))
+        if moved is not None:  # gathered first, then written: a row never overwrites one still to move
+            index = moved.to(self._keys.device)
+            self._keys[:, :, first:count] = self._keys.index_select(2, index)
+            self._values[:, :, first:count] = self._values.index_select(2, index)
+        self._show(count)
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last `-tokens_to_remove` rows (transformers' convention: a negative count)."""
@@ -110,12 +110,33 @@ def session_cache(config: PreTrainedConfig) -> DynamicCache:
     return cache
 
 
+def plan_moves(rows: Sequence[int]) -> tuple[int, torch.Tensor | None, int]:
+    """What keeping `rows` (increasing cache entries) moves: the count already in place at the
+    front, the indices of the rest (None if none) and how many rows remain. Checked once per
+    `keep_entries`, not per layer: a session's accept keeps its whole committed prefix, which
+    a check per layer walked again for each of a model's layers."""
+    if any(b <= a for a, b in zip(rows, rows[1:], strict=False)) or (rows and rows[0] < 0):
+        raise ValueError("keep: rows must be increasing cache entries")
+    # increasing and non-negative: entry i is in place exactly when rows[i] == i, and once one is
+    # not, none after it is; the first misplaced entry is found by bisection
+    low, high = 0, len(rows)
+    while low < high:
+        mid = (low + high) // 2
+        if rows[mid] == mid:
+            low = mid + 1
+        else:
+            high = mid
+    moved = torch.tensor(list(rows[low:]), dtype=torch.long) if low < len(rows) else None
+    return low, moved, len(rows)
+
+
 def keep_entries(cache: DynamicCache, rows: Sequence[int]) -> None:
     """Keep only the cache entries `rows` (increasing) of every layer, in that order."""
+    first, moved, count = plan_moves(rows)
     index: torch.Tensor | None = None
     for layer in cache.layers:
         if isinstance(layer, SlabLayer):
-            layer.keep(rows)
+            layer.keep_moves(first, moved, count)
         elif layer.is_initialized and layer.keys is not None and layer.keys.numel():
             if index is None:
                 index = torch.tensor(list(rows), dtype=torch.long, device=layer.keys.device)

@@ -10,7 +10,7 @@ import torch
 from transformers import Qwen2Config
 from transformers.cache_utils import DynamicLayer
 
-from wmark.generator.kv_cache import ROOM, SlabLayer, keep_entries, session_cache
+from wmark.generator.kv_cache import ROOM, SlabLayer, keep_entries, plan_moves, session_cache
 from wmark.generator.rowwise import tree_attention
 
 
@@ -54,6 +54,22 @@ def test_keep_refuses_rows_out_of_order_or_past_the_end():
     assert layer.get_seq_length() == 3
     with pytest.raises(ValueError, match="negative"):
         layer.crop(1)
+
+
+@pytest.mark.parametrize(
+    "rows,first,moved",
+    [([], 0, None), ([0, 1, 2], 3, None), ([0, 1, 3, 4], 2, [3, 4]), ([2, 5], 0, [2, 5]), ([0, 4], 1, [4])],
+)
+def test_plan_moves_finds_the_rows_already_in_place(rows, first, moved):
+    got_first, got_moved, count = plan_moves(rows)
+    assert (got_first, count) == (first, len(rows))
+    assert (None if got_moved is None else got_moved.tolist()) == moved
+
+
+def test_plan_moves_refuses_unordered_or_negative_rows():
+    for rows in ([1, 0], [0, 0], [-1, 0]):
+        with pytest.raises(ValueError, match="increasing"):
+            plan_moves(rows)
 
 
 @torch.inference_mode()
