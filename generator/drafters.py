@@ -57,5 +57,5 @@ def build_drafter(
         model.exact_attention = False
         if int4_pays() if int4 is None else int4:
             cut_to_int4(model.model)
-        model.lean = lean_decoder(model.model)
+        model.lean = lean_decoder(model.model, tune_threads=True)
     return HybridDrafter(model) if drafter == AUTO else model

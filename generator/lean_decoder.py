@@ -26,9 +26,9 @@ changes what it proposes. The numbers are not transformers' to the last bit (oth
 the norms and SiLU), so a seed's text differs from wmark versions that ran transformers' decoder.
 """
 
-
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +39,7 @@ from transformers import DynamicCache
 from wmark.generator import _tree_attention
 from wmark.generator.fused import stacked_layer
 from wmark.generator.rowwise import RowInt8Linear, tree_attention, visible_keys
+from wmark.generator.thread_tuner import ThreadTuner
 
 __all__ = ["LeanDecoder", "lean_decoder"]
 
@@ -99,9 +100,15 @@ class LeanDecoder:
         exact: every row attends through the tree kernel, however many rows a forward has, so that
             a row's numbers depend on that row alone (a target's forwards; the prompt's prefill
             does not run here). Otherwise forwards of more than 32 rows take SDPA (a drafter).
+        tune_threads: int8 forwards of up to 32 rows run on the thread count measured fastest
+            for their row count (`wmark.generator.thread_tuner`), not always on the plan's. For
+            draft models (`build_drafter`): a small model's forward sits near the point where a
+            second thread stops paying. A target's never does, and probing it on one thread
+            cost more than it could win (measured: summaries 1.31x -> 1.22x of basic-uwm with
+            the target tuned too, 1.34x with the drafter alone).
     """
 
-    def __init__(self, model: Any, *, exact: bool = False) -> None:
+    def __init__(self, model: Any, *, exact: bool = False, tune_threads: bool = False) -> None:
         self.exact = exact
         # transformers' modules type their attributes loosely (Tensor | Module): read them as Any.
         decoder: Any = model.model
@@ -125,6 +132,7 @@ class LeanDecoder:
         parts = [_Int8Layer.of(layer) for layer in self.layers]
         int8 = [part for part in parts if part is not None]
         self.int8: list[_Int8Layer] | None = int8 if len(int8) == len(parts) else None
+        self.tuner = ThreadTuner() if tune_threads and self.int8 is not None else None
 
     def _rms(self, x: torch.Tensor, norm: Any) -> torch.Tensor:
         return nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, self.eps)
@@ -145,13 +153,14 @@ class LeanDecoder:
         # a drafter level (few rows) attends through wmark's tree kernel, the prompt (many rows)
         # through SDPA, whose blocked kernel wins there; an exact decoder always takes the kernel
         exact = self.exact or input_ids.shape[1] <= _KERNEL_ROWS
-        x = self._layers(input_ids, attention_mask, position_ids, cache, exact)
-        head = self._model.get_output_embeddings()
-        if self.int8 is not None and isinstance(head, RowInt8Linear):
-            logits: torch.Tensor = head.rms_forward(x, self.norm_weight, self.eps)
+        with self.tuner.forward(input_ids.shape[1]) if self.tuner is not None else contextlib.nullcontext():
+            x = self._layers(input_ids, attention_mask, position_ids, cache, exact)
+            head = self._model.get_output_embeddings()
+            if self.int8 is not None and isinstance(head, RowInt8Linear):
+                logits: torch.Tensor = head.rms_forward(x, self.norm_weight, self.eps)
+                return logits
+            logits = head(self._rms(x, self.norm))
             return logits
-        logits = head(self._rms(x, self.norm))
-        return logits
 
     @torch.inference_mode()
     def prefill(
@@ -244,9 +253,9 @@ class LeanDecoder:
         return x
 
 
-def lean_decoder(model: nn.Module, *, exact: bool = False) -> LeanDecoder | None:
-    """A `LeanDecoder` for `model` (`exact`: see the class), or None where its architecture is
-    not the one it runs."""
+def lean_decoder(model: nn.Module, *, exact: bool = False, tune_threads: bool = False) -> LeanDecoder | None:
+    """A `LeanDecoder` for `model` (`exact`, `tune_threads`: see the class), or None where its
+    architecture is not the one it runs."""
     config = getattr(model, "config", None)
     decoder = getattr(model, "model", None)
     if config is None or decoder is None or getattr(config, "model_type", None) not in ("qwen2", "llama"):
@@ -263,4 +272,4 @@ def lean_decoder(model: nn.Module, *, exact: bool = False) -> LeanDecoder | None
         return None
     if not all(hasattr(layer.mlp, p) for layer in layers for p in _MLP_PARTS):
         return None
-    return LeanDecoder(model, exact=exact)
+    return LeanDecoder(model, exact=exact, tune_threads=tune_threads)

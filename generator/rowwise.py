@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,6 +47,7 @@ __all__ = [
     "RowInt8Linear",
     "convert_linears",
     "gemm_threads",
+    "gemm_threads_for",
     "pack_int8",
     "rowwise_attention",
     "set_gemm_threads",
@@ -59,6 +61,7 @@ _STOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("wmark_stock_atten
 
 
 _GEMM_THREADS: int | None = None
+_LOCAL = threading.local()  # `gemm_threads_for`'s count, per Python thread
 _PLAIN, _RMS_NORM, _SWIGLU = 0, 1, 2  # the kernel's prologues (`_int8_gemm.linear`)
 
 
@@ -76,8 +79,23 @@ def set_gemm_threads(threads: int | None) -> None:
 
 
 def gemm_threads() -> int:
-    """Threads a `RowInt8Linear` call computes on (`set_gemm_threads`, else torch's count)."""
-    return _GEMM_THREADS or torch.get_num_threads()
+    """Threads a `RowInt8Linear` call (and a large enough `tree_attention`) computes on: this
+    thread's `gemm_threads_for`, else `set_gemm_threads`, else torch's count."""
+    return getattr(_LOCAL, "threads", None) or _GEMM_THREADS or torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def gemm_threads_for(threads: int | None) -> Iterator[None]:
+    """Within the block, this Python thread's kernel calls run on `threads` (None: the
+    process-wide count). A forward's result does not depend on it (which thread computes a
+    tile or a row does not change its bits), only its speed: `wmark.generator.thread_tuner`
+    picks it per forward shape from measurement."""
+    before = getattr(_LOCAL, "threads", None)
+    _LOCAL.threads = threads
+    try:
+        yield
+    finally:
+        _LOCAL.threads = before
 
 
 @contextlib.contextmanager
@@ -344,6 +362,7 @@ def tree_attention(
 ) -> torch.Tensor:
     """Each query row's attention over exactly its visible keys, in cache order (the C kernel of
     `wmark.generator._tree_attention`): a row's numbers depend on its query and those keys only.
+    A large enough call runs its (row, key/value head) units on the GEMM's `gemm_threads()`.
 
     Args:
         query: (1, heads, q, d) float32 on the CPU (any strides).
@@ -375,6 +394,7 @@ def tree_attention(
         dim,
         scaling,
         n_keys if keys is None else keys[1],
+        gemm_threads(),
     )
     return out
 

@@ -161,3 +161,19 @@ def test_an_int8_target_runs_exact_and_each_tree_row_gets_its_logits_alone(tiny_
     assert torch.equal(nodes[4], alone([t for _, t in chain[:5]]))
     for node in (20, 39):
         assert torch.equal(nodes[node], alone([tokens[node]]))
+
+
+def test_a_drafter_tunes_its_thread_count_and_its_logits_do_not_move(tiny_qwen, monkeypatch):
+    """build_drafter gives a draft model's lean decoder a thread tuner (the target's has none),
+    and the forwards it runs on one thread or on two give the same bits."""
+    from wmark.generator import rowwise
+
+    monkeypatch.setattr(rowwise, "_GEMM_THREADS", 2)
+    target = HFModel(prepare_model(tiny_qwen(3), "int8", "cpu"), EOS)
+    drafter = build_drafter("embedded", target, HFModel(prepare_model(tiny_qwen(4), "int8", "cpu"), EOS))
+    assert isinstance(drafter, HFModel) and drafter.lean is not None and drafter.lean.tuner is not None
+    assert lean_decoder(target.model, exact=True).tuner is None  # type: ignore[union-attr]
+    runs = [_blocks(drafter) for _ in range(4)]  # every bucket probed on one thread and on two
+    assert all(torch.equal(run, runs[0]) for run in runs)
+    chosen = drafter.lean.tuner.chosen()
+    assert set(chosen) == {4, 8} and set(chosen.values()) <= {1, 2}  # a 7-row tree, then 1 + 2 rows
