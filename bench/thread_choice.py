@@ -7,11 +7,14 @@ target and the drafter as `build_drafter` makes it (head cut to 32k, 4-bit weigh
 pay), after a 300-token prefix, one forward over M new tokens (a chain), its int8 GEMMs and tree
 attention on one thread or on `--threads`, the two alternating within every round so that drift
 of a shared machine hits both alike. Median milliseconds and the ratio; both give the same bits.
+How torch's OpenMP threads wait matters: run it with OMP_WAIT_POLICY=PASSIVE (what the CLI sets)
+and without (torch's default, spinning: what a library user's process may have).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -38,7 +41,9 @@ def main() -> None:
     if len(ids) < 300 + max(sizes):
         parser.error("the built-in text is too short for these sizes")
     counts = (1, args.threads)
+    policy = os.environ.get("OMP_WAIT_POLICY", "unset")
     print(f"{args.rounds} alternating rounds, median ms per forward after a 300-token prefix")
+    print(f"OMP_WAIT_POLICY: {policy}")
     print()
     print(f"| model | M | 1 thread | {args.threads} threads | {args.threads} / 1 |")
     print("|---|---:|---:|---:|---:|")

@@ -103,9 +103,9 @@ class LeanDecoder:
         tune_threads: int8 forwards of up to 32 rows run on the thread count measured fastest
             for their row count (`wmark.generator.thread_tuner`), not always on the plan's. For
             draft models (`build_drafter`): a small model's forward sits near the point where a
-            second thread stops paying. A target's never does, and probing it on one thread
-            cost more than it could win (measured: summaries 1.31x -> 1.22x of basic-uwm with
-            the target tuned too, 1.34x with the drafter alone).
+            second thread stops paying (it lost from one where torch's OpenMP threads spin). A
+            target's never came near it, and probing it on one thread cost more than it could
+            win (summaries: 1.22x of basic-uwm with the target tuned too, 1.31-1.34x without).
     """
 
     def __init__(self, model: Any, *, exact: bool = False, tune_threads: bool = False) -> None:

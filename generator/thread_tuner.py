@@ -1,16 +1,18 @@
 """How many threads a forward's kernels run on, chosen per forward shape from measurement.
 
-More threads do not always pay. On a 2-core AMD EPYC (two vCPUs), the 0.5B drafter's one-row
-forward, whose 4-bit weights stream from memory, took 15.8 ms on one thread and 19.2 ms on two,
-and its 8-row forward 37.7 and 31.1 ms, while the 1.5B target gained from the second thread at
-every row count (100.9 -> 81.6 ms at one row; bench/thread_choice.py); on a 2-core Xeon the
-drafter gained from it too. Which count wins depends on the CPU, the model and the rows of the
-forward, so it is measured, not guessed. A `ThreadTuner` times a model's forwards on each
-candidate count (one thread, and the count the thread plan gives), a few alternating probes
-per bucket of row counts, then runs the faster one, and keeps probing the other now and then,
-since a shared machine's load changes: one forward in `EXPLORE_EVERY` while the two are within
-`CLOSE` of each other, one in `EXPLORE_RARELY` when the loser is clearly slower (each probe
-costs the difference).
+More threads do not always pay. On a 2-core AMD EPYC (two vCPUs), in a process where torch's
+OpenMP threads spin while they wait (OMP_WAIT_POLICY unset: an application that imports wmark
+as a library), the 0.5B drafter's one-row forward took 15.8 ms on one thread and 19.2 ms on two
+(the GEMM's second thread competed with a spinning OpenMP thread for the other core), while the
+1.5B target gained from the second thread at every row count. With OMP_WAIT_POLICY=PASSIVE (what
+the CLI sets) two threads won everywhere there (drafter 10.7 against 12.8 ms;
+bench/thread_choice.py), and on a 2-core Xeon the drafter gained from them too. Which count wins
+depends on the process, the CPU, the model and the rows of the forward, so it is measured, not
+guessed. A `ThreadTuner` times a model's forwards on each candidate count (one thread, and the
+count the thread plan gives), a few alternating probes per bucket of row counts, then runs the
+faster one, and keeps probing the other now and then, since a shared machine's load changes:
+one forward in `EXPLORE_EVERY` while the two are within `CLOSE` of each other, one in
+`EXPLORE_RARELY` when the loser is clearly slower (each probe costs the difference).
 
 The choice changes nothing but speed: the int8 GEMM and the tree attention give the same bits
 on any number of threads (`wmark.generator._int8_gemm`, `_tree_attention`). Draft models use it
