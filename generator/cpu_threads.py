@@ -35,6 +35,7 @@ machine, and a spinning thread takes a core away from whatever else runs there.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -50,10 +51,13 @@ __all__ = [
     "free_cores",
     "idle_fractions",
     "plan_threads",
+    "note_spinning_openmp",
     "prefer_passive_wait",
 ]
 
 THREADS_ENV = "WMARK_THREADS"
+_LOG = logging.getLogger(__name__)
+_WARNED: list[bool] = []  # the spinning-OpenMP note is logged once per process
 _STAT = Path("/proc/stat")
 
 
@@ -204,6 +208,22 @@ def apply_threads(plan: ThreadPlan) -> None:
     set_gemm_threads(plan.gemm_threads)
     _int8_gemm.wait_policy(plan.gemm_wait)
     _int8_gemm.worker_cpus(None if plan.worker_cpus is None else sorted(plan.worker_cpus))
+    note_spinning_openmp(plan)
+
+
+def note_spinning_openmp(plan: ThreadPlan) -> None:
+    """Log once that torch's OpenMP threads spin in this process, where that slows generation:
+    after each torch op they keep a core busy while the GEMM's workers want it (measured on a
+    2-vCPU EPYC: the target's one-row forward 82 ms, 56 ms with OMP_WAIT_POLICY=PASSIVE). The
+    CLI sets the policy itself (`prefer_passive_wait`); a library caller must set it before
+    torch is imported, which is why this can only advise."""
+    if _WARNED or plan.torch_threads < 2 or os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        return
+    _WARNED.append(True)
+    _LOG.warning(
+        "OMP_WAIT_POLICY is not PASSIVE: torch's OpenMP threads spin between ops and slow wmark's "
+        "int8 GEMM workers (up to ~30 % per forward). Set OMP_WAIT_POLICY=PASSIVE before importing torch."
+    )
 
 
 def prefer_passive_wait() -> None:

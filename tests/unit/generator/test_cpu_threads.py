@@ -170,3 +170,17 @@ def test_the_meter_counts_this_process_as_free_and_other_processes_as_busy(two_c
     assert meter.plan() == Plan(2, 2, "active")
     monkeypatch.setenv(cpu_threads.THREADS_ENV, "1")  # the user's choice: the meter stays out
     assert meter.plan() is None
+
+
+def test_spinning_openmp_is_noted_once_and_only_where_it_matters(monkeypatch, caplog):
+    monkeypatch.setattr(cpu_threads, "_WARNED", [])
+    plan = cpu_threads.ThreadPlan(2, 2, "active")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    cpu_threads.note_spinning_openmp(plan)
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    cpu_threads.note_spinning_openmp(cpu_threads.ThreadPlan(1, 2, "passive"))  # no OpenMP team
+    assert not caplog.records
+    cpu_threads.note_spinning_openmp(plan)
+    cpu_threads.note_spinning_openmp(plan)
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "OMP_WAIT_POLICY=PASSIVE" in caplog.records[0].getMessage()
