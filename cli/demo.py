@@ -89,7 +89,7 @@ def demo(
     t = result.timings
     console.print(
         f"{len(result.token_ids)} tokens in {len(result.blocks)} target forwards: AATPS {result.aatps:.2f}, "
-        f"{result.tokens_per_s:.2f} tokens/s (draft {t.draft:.1f}s, verify {t.verify:.1f}s, "
-        f"bookkeeping {t.bookkeeping:.1f}s)",
+        f"{result.tokens_per_s:.2f} tokens/s (prefill {t.prefill:.1f}s, draft {t.draft:.1f}s, "
+        f"verify {t.verify:.1f}s, bookkeeping {t.bookkeeping:.1f}s)",
         highlight=False,
     )

@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["LanguageModel", "LookupSession", "NodeTable", "Session", "TrustedSession"]
+__all__ = ["LanguageModel", "LookupSession", "NodeTable", "PrefillSession", "Session", "TrustedSession"]
 
 
 class Session(Protocol):
@@ -41,6 +41,20 @@ class Session(Protocol):
 
     def accept(self, path: Sequence[int], extra: Sequence[int]) -> None:
         """Commit the nodes on `path` (a root-to-node chain of ids), drop the rest, then queue `extra`."""
+        ...
+
+
+@runtime_checkable
+class PrefillSession(Protocol):
+    """A session whose prompt processing can run on its own, before the first `extend`.
+
+    `generate` runs it first and reports its seconds apart (`Timings.prefill`): prefill is
+    compute-bound and the same for every sampler, so speculation cannot speed it up, and left
+    inside the first block it would inflate the drafter's and the verify's per-block cost.
+    """
+
+    def prefill(self) -> None:
+        """Process the prompt now (else the first `extend` does); a no-op once done."""
         ...
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from wmark.errors import InputError, TokenizerError
-from wmark.generator.backend import LanguageModel
+from wmark.generator.backend import LanguageModel, PrefillSession, Session
 from wmark.generator.baselines.gls import gls_block
 from wmark.generator.baselines.pseudo import mse_pseudo_block
 from wmark.generator.baselines.reweight import mse_block, mws_block, vsps_block
@@ -201,6 +201,7 @@ def generate(
     eos = target.eos_token_ids
     target_session = target.session(prompt_ids)
     draft_session = drafter.session(prompt_ids) if method.speculative and drafter is not None else None
+    prefill_s = _prefill(target_session) + _prefill(draft_session)
 
     tokens = list(prompt_ids)
     blocks: list[int] = []
@@ -267,5 +268,19 @@ def generate(
         target_forwards=getattr(target_session, "forwards", len(blocks)),
         draft_forwards=getattr(draft_session, "forwards", 0),
         stop_reason=stop_reason,
-        timings=Timings(draft=draft_s, verify=verify_s, bookkeeping=max(0.0, total - draft_s - verify_s)),
+        timings=Timings(
+            prefill=prefill_s,
+            draft=draft_s,
+            verify=verify_s,
+            bookkeeping=max(0.0, total - draft_s - verify_s),
+        ),
     )
+
+
+def _prefill(session: Session | None) -> float:
+    """Run a session's prompt prefill now, where it can (`PrefillSession`); its seconds."""
+    if not isinstance(session, PrefillSession):
+        return 0.0
+    start = time.perf_counter()
+    session.prefill()
+    return time.perf_counter() - start

@@ -90,6 +90,11 @@ class HFSession:
         self.forwards = 0  # forwards that produced logits (the prompt prefill is not one)
         self.prefilled = False
 
+    def prefill(self) -> None:
+        """See `backend.PrefillSession`."""
+        if not self.prefilled:
+            self._prefill()
+
     @torch.inference_mode()
     def _prefill(self) -> None:
         """Cache all prompt tokens but the last in one forward (identical for every session)."""

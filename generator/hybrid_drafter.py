@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from wmark.generator.backend import LanguageModel, NodeTable, Session
+from wmark.generator.backend import LanguageModel, NodeTable, PrefillSession, Session
 from wmark.generator.prompt_lookup import DEEP_MATCH, MAX_MATCH, MIN_MATCH, SuffixIndex
 
 __all__ = ["HybridDrafter", "HybridSession"]
@@ -34,6 +34,11 @@ class HybridSession:
         self._root_trust = 1.0  # a model's root row; a lookup root's `lookup_trust`
         self._trust: list[float] = []
         self.forwards = 0  # the model's forward passes (lookups cost none)
+
+    def prefill(self) -> None:
+        """See `backend.PrefillSession`: the model's prompt (the lookup index is built already)."""
+        if isinstance(self.model, PrefillSession):
+            self.model.prefill()
 
     def row_trust(self) -> list[float]:
         """See `backend.TrustedSession`: lookup rows their `lookup_trust`, model rows 1.0."""

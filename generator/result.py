@@ -16,15 +16,25 @@ class Timings:
         draft: drafter forward passes.
         verify: target forward passes.
         bookkeeping: everything else (logits processing, clocks, races, tree building).
+        prefill: processing the prompt, both models, before the first block. Speculation
+            cannot speed it up (every sampler runs the same target prefill; a model drafter adds
+            its own), so it is kept out of `draft` and `verify`, whose per-block costs are what
+            the cost model's c and r describe.
     """
 
     draft: float
     verify: float
     bookkeeping: float
+    prefill: float = 0.0
 
     @property
     def total(self) -> float:
         """All of it."""
+        return self.prefill + self.draft + self.verify + self.bookkeeping
+
+    @property
+    def decode(self) -> float:
+        """All of it but the prefill: the part speculation speeds up."""
         return self.draft + self.verify + self.bookkeeping
 
 

@@ -239,3 +239,25 @@ def test_row_prices_are_checked():
         SamplerConfig(min_reach=1.0)
     with pytest.raises(InputError, match="max_rows"):
         SamplerConfig(max_rows=-1)
+
+
+def test_prefill_runs_apart_and_changes_nothing(models):
+    """`prefill()` processes the prompt before the first block (its seconds are `Timings.prefill`,
+    not the first block's draft or verify) and leaves every logit as the lazy prefill gives it."""
+    target = models["target"]
+    eager = target.session(PROMPT)
+    eager.prefill()
+    eager.prefill()  # a second call is a no-op
+    assert eager.prefilled and eager.forwards == 0  # the prompt is not a forward that made logits
+    lazy = target.session(PROMPT)
+    assert torch.equal(eager.extend([], [])[0], lazy.extend([], [])[0])
+
+    hybrid = HybridDrafter(models["close"]).session(PROMPT)
+    hybrid.prefill()
+    assert hybrid.model.prefilled
+
+    result = _run(target, HybridDrafter(models["close"]))
+    t = result.timings
+    assert t.prefill > 0.0
+    assert t.total == pytest.approx(t.prefill + t.decode)
+    assert _run(FakeLM.fixed(np.full(VOCAB, 1 / VOCAB)), PromptLookup(VOCAB, frozenset({EOS}))).timings.prefill == 0.0
