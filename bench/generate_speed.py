@@ -4,12 +4,15 @@
 
 Rows: basic-uwm, pfr L=4, pfr-nowm L=4, mpfr B=2/4/8 L=4 (our sampling loop, CPU precision int8:
 batch-invariant W8A8), and plain transformers `generate()` sampling (float32, stock kernels) as
-the outside reference. For each: tokens/s, AATPS (mean ± sd over prompts), target forwards, and
-where the time went (draft / verify / bookkeeping). Methods alternate prompt by prompt so that
+the outside reference. For each: tokens/s (end to end, and for decoding alone: the prompt's
+prefill is the same target forward for every method, plus the draft model's own, and drafting
+cannot speed it up), AATPS (mean ± sd over prompts), target forwards, and where the time went
+(prefill / draft / verify / bookkeeping). Methods alternate prompt by prompt so that
 drift of this shared machine hits all of them alike. The same key and seed are used throughout,
 so the table also reports whether pfr/mpfr emitted exactly basic-uwm's tokens (drafter
 invariance on the real models). `--kernels amx,avx512vnni` runs every row on each int8 GEMM
-build in turn, prompt by prompt (one table per set and build).
+build in turn, prompt by prompt (one table per set and build). `bench/draft_rules.py` compares
+drafting settings by their counts instead, free of the drift.
 """
 
 from __future__ import annotations
@@ -91,7 +94,23 @@ class Row:
     masked: list[int] = field(default_factory=list)
 
 
-def _config(setting: Setting, tokens: int) -> SamplerConfig:
+def parse_setting(name: str) -> Setting:
+    """An ad hoc row: method:B:L:drafter:confidence[:lookup[:reach[:rows]]]."""
+    method, b, ell, drafter_name, conf, *rest = name.split(":")
+    lookup, reach, rows = [*rest, None, None, None][:3]
+    return Setting(
+        method,
+        int(b),
+        int(ell),
+        drafter_name,
+        float(conf),
+        int(lookup) if lookup else None,
+        float(reach) if reach else None,
+        int(rows) if rows else None,
+    )
+
+
+def sampler_config(setting: Setting, tokens: int) -> SamplerConfig:
     given = {
         "drafts": setting.drafts,
         "lookahead": setting.lookahead,
@@ -138,20 +157,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     names = [n.strip() for n in args.settings.split(",")]
-    for name in names:  # ad hoc rows: method:B:L:drafter:confidence[:lookup[:reach[:rows]]]
+    for name in names:
         if name not in SETTINGS and 4 <= name.count(":") <= 7:
-            method, b, ell, drafter_name, conf, *rest = name.split(":")
-            lookup, reach, rows = [*rest, None, None, None][:3]
-            SETTINGS[name] = Setting(
-                method,
-                int(b),
-                int(ell),
-                drafter_name,
-                float(conf),
-                int(lookup) if lookup else None,
-                float(reach) if reach else None,
-                int(rows) if rows else None,
-            )
+            SETTINGS[name] = parse_setting(name)
     unknown = [n for n in names if n not in SETTINGS]
     if unknown or "basic-uwm" not in names:
         parser.error(f"unknown settings {unknown} (basic-uwm is required: the ratios are against it)")
@@ -200,7 +208,12 @@ def main() -> None:
             setting = SETTINGS[name]
             drafter = drafters.get(setting.drafter) if setting.drafter else None
             out = generate(
-                pair.target, ids, config=_config(setting, args.tokens), key=key, drafter=drafter, seed=seed
+                pair.target,
+                ids,
+                config=sampler_config(setting, args.tokens),
+                key=key,
+                drafter=drafter,
+                seed=seed,
             )
             row = rows.setdefault((group, name), Row())
             row.tokens += len(out.token_ids)
