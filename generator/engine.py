@@ -201,7 +201,9 @@ def generate(
     eos = target.eos_token_ids
     target_session = target.session(prompt_ids)
     draft_session = drafter.session(prompt_ids) if method.speculative and drafter is not None else None
-    prefill_s = _prefill(target_session) + _prefill(draft_session)
+    prefill_s = 0.0
+    if should_stop is None or not should_stop():  # a client gone already costs no prefill
+        prefill_s = _prefill(target_session) + _prefill(draft_session)
 
     tokens = list(prompt_ids)
     blocks: list[int] = []

@@ -56,3 +56,20 @@ def test_should_stop_ends_generation_between_blocks(after_blocks):
     assert result.stop_reason == "cancelled"
     assert len(result.blocks) == after_blocks  # not one block more than asked
     assert len(result.token_ids) == sum(emitted) < 200
+
+
+def test_should_stop_before_the_start_skips_the_prefill():
+    prefilled: list[str] = []
+
+    class Prefilling(FakeLM):
+        def session(self, prompt_ids):
+            session = super().session(prompt_ids)
+            session.prefill = lambda: prefilled.append("prefill")  # a PrefillSession now
+            return session
+
+    target, config = Prefilling.fixed(P), SamplerConfig(method="basic-uwm", max_new_tokens=5)
+    kept = generate(target, [1, 2, 3], config=config, key=KEY, seed=5)
+    assert prefilled == ["prefill"] and len(kept.token_ids) == 5
+    gone = generate(target, [1, 2, 3], config=config, key=KEY, seed=5, should_stop=lambda: True)
+    assert gone.stop_reason == "cancelled" and gone.token_ids == () and gone.timings.prefill == 0.0
+    assert prefilled == ["prefill"]  # not run again for the client that had left
