@@ -171,8 +171,12 @@ class LeanDecoder:
         cache: DynamicCache,
     ) -> None:
         """The prompt's keys and values into `cache`, through SDPA, without logits (a session's
-        prefill: a function of the prompt alone, so the same for every session)."""
-        self._layers(input_ids, attention_mask, position_ids, cache, exact=False)
+        prefill: a function of the prompt alone, so the same for every session).
+
+        The last layer stops once its keys and values are cached: its attention output and MLP
+        only feed the logits, which a prefill does not make (~1/L of the prefill's GEMMs).
+        """
+        self._layers(input_ids, attention_mask, position_ids, cache, exact=False, logits=False)
 
     def _layers(
         self,
@@ -181,16 +185,19 @@ class LeanDecoder:
         position_ids: torch.Tensor,
         cache: DynamicCache,
         exact: bool,
+        logits: bool = True,
     ) -> torch.Tensor:
         """The hidden states after the last layer (before the final norm); `exact`: attention
-        through the tree kernel, else SDPA."""
+        through the tree kernel, else SDPA. `logits` False: only the cache is wanted, so the
+        last layer ends after its keys and values (the returned states are then the input of
+        the last layer, of no use)."""
         x: torch.Tensor = self.embed(input_ids).to(torch.float32)
         visible = visible_keys(attention_mask) if exact else None
         angles = position_ids[0].to(torch.float32)[:, None] * self.inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
         if self.int8 is not None and x.device.type == "cpu":
-            return self._int8_layers(x, cos, sin, attention_mask, visible, cache)
+            return self._int8_layers(x, cos, sin, attention_mask, visible, cache, logits)
         n = x.shape[1]
         for index, layer in enumerate(self.layers):
             h = self._rms(x, layer.input_layernorm)
@@ -201,6 +208,8 @@ class LeanDecoder:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k, v = cache.update(k, v, index)
+            if not logits and index == len(self.layers) - 1:
+                break
             x = x + self.o[index](self._attend(q, k, v, attention_mask, visible))[0]
             h = self._rms(x, layer.post_attention_layernorm)
             gate, up = self.gate_up[index](h)
@@ -233,6 +242,7 @@ class LeanDecoder:
         attention_mask: torch.Tensor,
         visible: torch.Tensor | None,
         cache: DynamicCache,
+        logits: bool,
     ) -> torch.Tensor:
         """`_layers` where every layer is int8 (`self.int8`): six kernel calls a layer."""
         assert self.int8 is not None
@@ -248,6 +258,8 @@ class LeanDecoder:
                 self.heads, self.kv_heads, n, d,
             )  # fmt: skip
             k, v = cache.update(k, v, index)
+            if not logits and index == len(self.int8) - 1:
+                break
             x = x + layer.o(self._attend(q, k, v, attention_mask, visible))
             x = x + layer.down.swiglu_forward(layer.gate_up.rms_forward(x, layer.norm_post, self.eps))
         return x

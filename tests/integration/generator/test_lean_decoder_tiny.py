@@ -16,6 +16,7 @@ from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fused import FusedGroup, _Slice, stack, stacked_layer
 from wmark.generator.hf_backend import HFModel, prepare_model
 from wmark.generator.hybrid_drafter import HybridDrafter
+from wmark.generator.kv_cache import session_cache
 from wmark.generator.lean_decoder import LeanDecoder, lean_decoder
 from wmark.generator.rowwise import RowInt8Linear
 
@@ -65,6 +66,25 @@ def test_lean_forward_matches_the_transformers_forward(tiny_qwen, precision):
         float32 = _blocks(HFModel(prepare_model(tiny_qwen(3), "fp32", "cpu"), EOS))
         noise = float((expected - float32).abs().max())
         assert float((_blocks(lean) - got).abs().max()) <= noise
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_prefill_caches_what_a_full_forward_caches(tiny_qwen, precision):
+    # The prefill ends the last layer once its keys and values are cached; every layer's keys and
+    # values must still be those of a full forward, bit for bit (the same operations, fewer after).
+    model = HFModel(prepare_model(tiny_qwen(3), precision, "cpu"), EOS)
+    lean = lean_decoder(model.model)
+    assert lean is not None and (lean.int8 is not None) == (precision == "int8")
+    ids = torch.tensor([PROMPT * 4])  # 48 rows: past the tree kernel's, the prefill's SDPA path
+    n = ids.shape[1]
+    mask = torch.zeros(1, 1, n, n).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -torch.inf)
+    positions = torch.arange(n)[None]
+    full, prefilled = session_cache(model.model.config), session_cache(model.model.config)
+    lean(ids, mask, positions, full)
+    lean.prefill(ids, mask, positions, prefilled)
+    assert len(full.layers) == len(prefilled.layers) == 2
+    for a, b in zip(full.layers, prefilled.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
 def test_lean_forward_uses_the_fused_int8_groups(tiny_qwen):
