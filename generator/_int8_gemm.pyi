@@ -25,6 +25,7 @@ def linear(
     eps: float = ...,
     /,
 ) -> None: ...
+
 linear4 = linear  # the same arguments over 4-bit weights
 _pool_api: object  # capsule: the worker pool for the other extensions (_pool_api.h)
 

@@ -36,6 +36,7 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc]  # transformers is untyped 
         self.length = 0
         self._keys: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
+        self._arrays: tuple[Any, Any] | None = None  # numpy views of the buffers' first batch entry
 
     def update(
         self,
@@ -56,6 +57,22 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc]  # transformers is untyped 
         self._show(end)
         return self.keys, self.values
 
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[Any, Any, int]:
+        """`update` for wmark's lean decoder (batch 1): append the rows and return the whole
+        buffers as numpy arrays (kv_heads, capacity, dim), rows past the count unused, and the
+        row count: the tree kernel reads them where they lie, with no view made per call."""
+        end = self.length + key_states.shape[-2] if self.is_initialized else 0
+        arrays = self._arrays if self.is_initialized else None
+        if arrays is None or end > arrays[0].shape[1]:  # the first rows, or the buffers grow
+            self.update(key_states, value_states)
+            assert self._keys is not None and self._values is not None
+            self._arrays = arrays = (self._keys[0].numpy(), self._values[0].numpy())
+        else:
+            arrays[0][:, self.length : end] = key_states[0].numpy()
+            arrays[1][:, self.length : end] = value_states[0].numpy()
+            self._show(end)
+        return arrays[0], arrays[1], self.length
+
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, end: int) -> None:
         """Buffers for at least `end` rows plus `ROOM`, the rows so far copied to their front."""
         size = end + ROOM if self._keys is None else max(end + ROOM, 2 * self._keys.shape[-2])
@@ -65,6 +82,7 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc]  # transformers is untyped 
             keys[:, :, : self.length] = self._keys[:, :, : self.length]
             values[:, :, : self.length] = self._values[:, :, : self.length]
         self._keys, self._values = keys, values
+        self._arrays = None
 
     def _show(self, length: int) -> None:
         assert self._keys is not None and self._values is not None
@@ -99,6 +117,7 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc]  # transformers is untyped 
     def reset(self) -> None:
         super().reset()
         self._keys = self._values = None
+        self._arrays = None
         self.length = 0
 
 

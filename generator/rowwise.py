@@ -43,6 +43,9 @@ from wmark.generator import _int8_gemm, _tree_attention
 
 __all__ = [
     "ATTENTION_NAME",
+    "PLAIN",
+    "RMS_NORM",
+    "SWIGLU",
     "RowFloatLinear",
     "RowInt8Linear",
     "convert_linears",
@@ -62,7 +65,7 @@ _STOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("wmark_stock_atten
 
 _GEMM_THREADS: int | None = None
 _LOCAL = threading.local()  # `gemm_threads_for`'s count, per Python thread
-_PLAIN, _RMS_NORM, _SWIGLU = 0, 1, 2  # the kernel's prologues (`_int8_gemm.linear`)
+PLAIN, RMS_NORM, SWIGLU = 0, 1, 2  # the kernel's prologues (`_int8_gemm.linear`)
 
 
 def set_gemm_threads(threads: int | None) -> None:
@@ -208,7 +211,7 @@ class RowInt8Linear(nn.Module):
         return weight, self.scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._run(x, self.in_features, _PLAIN)
+        return self._run(x, self.in_features, PLAIN)
 
     def rms_forward(self, x: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
         """This layer of RMSNorm(x) * norm, the norm computed inside the kernel call.
@@ -216,30 +219,45 @@ class RowInt8Linear(nn.Module):
         Row-local and deterministic (batch-invariant, as the layer itself), but not torch's
         `rms_norm` bit for bit (`wmark.generator.lean_decoder` runs it).
         """
-        return self._run(x, self.in_features, _RMS_NORM, norm.detach().to(torch.float32).contiguous(), eps)
+        return self._run(x, self.in_features, RMS_NORM, norm.detach().to(torch.float32).contiguous(), eps)
 
     def swiglu_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """This layer of silu(gate) * up, where `gate_up` (..., 2 x in_features) holds gate, then up;
         computed inside the kernel call (row-local, as `rms_forward`)."""
-        return self._run(gate_up, 2 * self.in_features, _SWIGLU)
+        return self._run(gate_up, 2 * self.in_features, SWIGLU)
 
     def _run(
         self, x: torch.Tensor, width: int, prologue: int, norm: torch.Tensor | None = None, eps: float = 0.0
     ) -> torch.Tensor:
         """The kernel call over the rows of `x` (`width` columns each) after `prologue`."""
+        rows = x.reshape(-1, width).to(torch.float32).contiguous()
+        out = torch.empty(rows.shape[0], self.out_features)
+        self.into(
+            rows.numpy(), out.numpy(), gemm_threads(), prologue, None if norm is None else norm.numpy(), eps
+        )
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def into(
+        self,
+        rows: Any,
+        out: Any,
+        threads: int,
+        prologue: int = PLAIN,
+        norm: Any = None,
+        eps: float = 0.0,
+    ) -> None:
+        """The bare kernel call: float32 numpy `rows` (m x in_features, or 2 x in_features for
+        `SWIGLU`) into `out` (m x out_features). `LeanDecoder`'s few-row forwards call it with
+        buffers of their own, where the torch steps around each call cost more than it did."""
         if self._views is None:
             packed, colsum = self.packed_weights()
             bias = None if self.bias is None else self.bias.detach().numpy()
             self._views = (packed.numpy(), colsum.numpy(), self._scale32.numpy(), bias)
         packed_np, colsum_np, scale_np, bias_np = self._views
-        rows = x.reshape(-1, width).to(torch.float32).contiguous()
-        out = torch.empty(rows.shape[0], self.out_features)
         self._gemm()(
-            rows.numpy(), packed_np, colsum_np, scale_np, bias_np, out.numpy(),
-            rows.shape[0], self.out_features, self.in_features, gemm_threads(),
-            prologue, None if norm is None else norm.numpy(), eps,
+            rows, packed_np, colsum_np, scale_np, bias_np, out,
+            rows.shape[0], self.out_features, self.in_features, threads, prologue, norm, eps,
         )  # fmt: skip
-        return out.reshape(*x.shape[:-1], self.out_features)
 
     def _gemm(self) -> Any:
         """The kernel call for these weights (`_int8_gemm.linear`; 4-bit layers take `linear4`)."""

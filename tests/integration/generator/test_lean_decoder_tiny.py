@@ -8,9 +8,10 @@ import hashlib
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
+from wmark.generator import hf_backend, kv_cache
 from wmark.generator.drafters import build_drafter
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fused import FusedGroup, _Slice, stack, stacked_layer
@@ -85,6 +86,29 @@ def test_prefill_caches_what_a_full_forward_caches(tiny_qwen, precision):
     assert len(full.layers) == len(prefilled.layers) == 2
     for a, b in zip(full.layers, prefilled.layers, strict=True):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_the_kernel_loop_gives_the_per_layer_loops_bits(tiny_qwen, monkeypatch):
+    # An int8 model's few-row forwards over wmark's own cache run `_kernel_layers` (buffers made
+    # once per forward, bare kernel calls); over transformers' cache they take the per-layer
+    # torch loop, the reference here. The same kernels on the same numbers: the logits must be
+    # equal to the bit, through buffer growth (ROOM cut to 2 rows so the buffers grow mid-run)
+    # and the accepted path's moves.
+    monkeypatch.setattr(kv_cache, "ROOM", 2)
+    model = HFModel(prepare_model(tiny_qwen(3), "int8", "cpu"), EOS)
+    model.lean = lean_decoder(model.model, exact=True)
+    assert model.lean is not None and model.lean.int8 is not None
+    loops = []
+    kernel_layers = LeanDecoder._kernel_layers
+    monkeypatch.setattr(
+        LeanDecoder, "_kernel_layers", lambda self, *args: loops.append(1) or kernel_layers(self, *args)
+    )
+    fast = _blocks(model)
+    assert len(loops) == 2  # both tree blocks (the prompt's prefill takes SDPA)
+    monkeypatch.setattr(hf_backend, "session_cache", lambda config: DynamicCache(config=config))
+    reference = _blocks(model)
+    assert len(loops) == 2
+    assert torch.equal(fast, reference)
 
 
 def test_lean_forward_uses_the_fused_int8_groups(tiny_qwen):
