@@ -155,7 +155,7 @@ def test_quantising_in_row_chunks_equals_quantising_the_whole_matrix(gguf_file):
         assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
 
 
-def test_the_embedding_stays_encoded_and_its_rows_are_the_dequantised_table(gguf_file, tmp_path):
+def test_the_embedding_stays_encoded_and_its_rows_are_the_dequantised_table(gguf_file, tmp_path, monkeypatch):
     from gguf import dequantize
 
     out = tmp_path / "lean"
@@ -170,3 +170,11 @@ def test_the_embedding_stays_encoded_and_its_rows_are_the_dequantised_table(gguf
     rows = embedding(ids)
     assert rows.shape == (1, 4, embedding.embedding_dim) and rows.dtype == torch.float32
     assert torch.equal(rows[0], table[ids[0]])
+    # rows are kept once dequantised, and the keep starts over past its size: lookups that hit
+    # it, miss it, or come after it was emptied all give the table's rows
+    monkeypatch.setattr(gguf_int8, "CACHED_ROWS", 5)
+    for step in ([[5]], [[0, 7, 7]], [[9, 11, 5]], [[5, 3]], [[]]):
+        ids = torch.tensor(step, dtype=torch.long)
+        rows = embedding(ids)
+        assert rows.shape == (*ids.shape, embedding.embedding_dim)
+        assert torch.equal(rows, table[ids]) and len(embedding._rows) <= 5 + ids.numel()
