@@ -18,7 +18,7 @@ from wmark.generator.drafters import build_drafter, drafter_model_source
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fakes import FakeLM
 from wmark.generator.hf_backend import HFModel, prepare_model
-from wmark.generator.hybrid_drafter import HybridDrafter
+from wmark.generator.hybrid_drafter import PRIOR_RATE, PRIOR_WEIGHT, HybridDrafter, Rate, ShortMatchRule
 from wmark.generator.prompt_lookup import PromptLookup, SuffixIndex, lookup_trust
 
 VOCAB = 256  # the tiny models of conftest.py
@@ -262,3 +262,47 @@ def test_prefill_runs_apart_and_changes_nothing(models):
     assert t.total == pytest.approx(t.prefill + t.decode)
     fake = _run(FakeLM.fixed(np.full(VOCAB, 1 / VOCAB)), PromptLookup(VOCAB, frozenset({EOS})))
     assert fake.timings.prefill == 0.0  # sessions without a prefill step: nothing to time apart
+
+
+def test_short_matches_yield_to_the_model_where_its_drafts_hold_the_target_better():
+    # The hybrid scores, per generation, how often a short lookup match (< DEEP_MATCH tokens) and
+    # the model each offered the token the target then chose, and sends short-match contexts to
+    # the model once the model's rate is higher by MODEL_MARGIN (`ShortMatchRule`).
+    rule = ShortMatchRule()
+    assert rule.short_pays()  # both start at the prior
+    for _ in range(6):
+        rule.short.record(False)
+    assert rule.short_pays()  # 3.6 / 14 = 0.257: still within the margin of 0.45
+    rule.short.record(False)
+    assert not rule.short_pays()  # 3.6 / 15 = 0.24 < 0.45 - 0.2
+    rule.model.record(False)
+    assert rule.short_pays()  # the model's 0.4 is no longer 0.2 ahead
+
+    model = FakeLM.markov(np.eye(12)[[(t + 1) % 12 for t in range(12)]])  # always drafts last + 1
+    session = HybridDrafter(model).session([1, 2, 5, 3, 7, 8, 4, 1, 2])
+    session.rule.short = Rate(PRIOR_RATE * PRIOR_WEIGHT, PRIOR_WEIGHT + 6)  # one miss from the margin
+    session.extend([], [])  # "1 2" occurred before, followed by 5: a short match proposes
+    assert session.forwards == 0 and session.rule.short_pays()
+    session.accept([], [7])  # the target chose 7: the short match missed
+    assert not session.rule.short_pays()
+    root, _ = session.extend([], [])  # "2 7" never occurred: the model proposes 8
+    assert session.forwards == 1 and int(root.argmax()) == 8
+    session.extend([-1], [8])  # "7 8" occurred (then 4), but the model has the better record now
+    assert session.forwards == 2
+    session.accept([0], [4])  # the model's 8 was taken (a hit), then 4: the unused match's hit too
+    assert (session.rule.model.hits, session.rule.model.seen) == (
+        PRIOR_RATE * PRIOR_WEIGHT + 1,
+        PRIOR_WEIGHT + 1,
+    )
+    assert (session.rule.short.hits, session.rule.short.seen) == (
+        PRIOR_RATE * PRIOR_WEIGHT + 1,
+        PRIOR_WEIGHT + 8,
+    )
+    root, _ = session.extend([], [])  # "7 8 4" matches (then 1), 3 tokens: short, so ...
+    assert session.forwards == 3 and int(root.argmax()) == 5  # ... the model proposes
+    session.accept([], [1])  # the unused match held the target's token: scored all the same
+    assert (session.rule.short.hits, session.rule.short.seen) == (
+        PRIOR_RATE * PRIOR_WEIGHT + 2,
+        PRIOR_WEIGHT + 9,
+    )
+    assert session.rule.model.seen == PRIOR_WEIGHT + 1  # a model root with no drafts scores nothing
