@@ -148,9 +148,10 @@ class HybridSession:
                 rows[n], trust[n] = found
         if self._root is None:
             found = self._lookup(ROOT, [])
-            self._root, self._root_trust = found if found is not None else (None, 1.0)
             if found is None:
-                self._from_model.add(ROOT)
+                self._from_model.add(ROOT)  # the model's forward below gives the root
+            else:
+                self._root, self._root_trust = found
         if needy or self._root is None:
             feed = sorted({a for n in needy for a in self.nodes.ancestors(n) if self.model_ids[a] < 0})
             for k, n in enumerate(feed):
