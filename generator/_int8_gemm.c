@@ -75,6 +75,8 @@ static int far_prefetch = 0;
 
 #define AMX_MIN_ROWS 16 /* fewer rows stream the weights once through VNNI as fast */
 #define AMX_PANEL_BYTES (768 * 1024) /* quantised rows kept in L2 while a thread's tiles stream by */
+#define AMX_WIDE_BYTES (320 * 1024)  /* 4-bit tiles widened for the tile unit: up to 2,560 groups */
+static atomic_int wide_failed = 0;   /* a thread could not get its widening buffer (see widen4) */
 
 /* AMX_TILES is not a build of its own: the job of an "amx" call that runs on the tile unit. */
 enum backend { PORTABLE = 0, AVX2 = 1, AVX512VNNI = 2, AMX = 3, AMX_TILES = 4 };
@@ -365,7 +367,32 @@ static inline void prefetch_chunk(const uint8_t *p) {
     for (int line = 0; line < 16 * GROUP; line += 64) _mm_prefetch((const char *)(p + line), _MM_HINT_T1);
 }
 
+/* 4-bit weights (linear4) on the tile unit: each tile's nibbles are widened to the 8-bit packed
+ * layout (GROUP bytes a group, the values block_vnni computes on the fly) in a buffer of the
+ * thread's, once per tile and panel, and then run the same loop: a prefill's many rows share each
+ * widening. Wider layers than the buffer holds stay on VNNI. */
+static _Thread_local uint8_t *wide_buffer = NULL; /* never freed: pool threads live as long */
+
+__attribute__((target(AMX_TARGET))) static void widen4(const uint8_t *packed, Py_ssize_t groups, uint8_t *wide) {
+    const __m512i low = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8);
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(packed + g * GROUP4));
+        _mm512_store_si512((void *)(wide + g * GROUP), _mm512_sub_epi8(_mm512_and_si512(v, low), eight));
+        _mm512_store_si512((void *)(wide + g * GROUP + 64),
+                           _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight));
+    }
+}
+
 __attribute__((target(AMX_TARGET))) static void range_amx(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
+    uint8_t *wide = NULL;
+    if (job->nibbles) {
+        if (wide_buffer == NULL) wide_buffer = aligned_alloc(64, AMX_WIDE_BYTES);
+        if (wide_buffer == NULL) {
+            atomic_store(&wide_failed, 1);
+            return;
+        }
+        wide = wide_buffer;
+    }
     tile_config_t config;
     memset(&config, 0, sizeof config);
     config.palette = 1;
@@ -382,6 +409,10 @@ __attribute__((target(AMX_TARGET))) static void range_amx(const job_t *job, Py_s
         const Py_ssize_t p1 = p0 + panel < padded ? p0 + panel : padded;
         for (Py_ssize_t t = first; t < last; t++) {
             const uint8_t *w = job->packed + t * job->groups * GROUP;
+            if (wide != NULL) {
+                widen4(job->packed + t * job->groups * GROUP4, job->groups, wide);
+                w = wide;
+            }
             for (Py_ssize_t r0 = p0; r0 < p1; r0 += 32) {
                 const int8_t *a = job->q + r0 * kp;
                 _tile_zero(0);
@@ -390,7 +421,7 @@ __attribute__((target(AMX_TARGET))) static void range_amx(const job_t *job, Py_s
                     _tile_zero(2);
                     _tile_zero(3);
                     for (Py_ssize_t c = 0; c < chunks; c++) {
-                        prefetch_chunk(w + (c * 16 + FAR_AHEAD) * GROUP);
+                        if (wide == NULL) prefetch_chunk(w + (c * 16 + FAR_AHEAD) * GROUP);
                         _tile_loadd(6, w + c * 16 * GROUP, GROUP);
                         _tile_loadd(7, w + c * 16 * GROUP + 64, GROUP);
                         _tile_loadd(4, a + c * 64, kp);
@@ -404,7 +435,7 @@ __attribute__((target(AMX_TARGET))) static void range_amx(const job_t *job, Py_s
                     _tile_stored(3, sums + 16 * TILE + 16, TILE * 4);
                 } else {
                     for (Py_ssize_t c = 0; c < chunks; c++) {
-                        prefetch_chunk(w + (c * 16 + FAR_AHEAD) * GROUP);
+                        if (wide == NULL) prefetch_chunk(w + (c * 16 + FAR_AHEAD) * GROUP);
                         _tile_loadd(6, w + c * 16 * GROUP, GROUP);
                         _tile_loadd(7, w + c * 16 * GROUP + 64, GROUP);
                         _tile_loadd(4, a + c * 64, kp);
@@ -1101,9 +1132,11 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         goto done;
     }
     {
-        /* the "amx" build runs blocks of AMX_MIN_ROWS rows or more, over whole 64-column chunks,
-         * on the tile unit, and everything else as avx512vnni */
-        const int tiles = !nibbles && active_backend == AMX && m >= AMX_MIN_ROWS && groups % 16 == 0;
+        /* the "amx" build runs blocks of AMX_MIN_ROWS rows or more, over whole 64-column chunks
+         * (4-bit weights: up to AMX_WIDE_BYTES widened), on the tile unit, and everything else as
+         * avx512vnni */
+        const int tiles = active_backend == AMX && m >= AMX_MIN_ROWS && groups % 16 == 0 &&
+                          (!nibbles || groups * GROUP <= AMX_WIDE_BYTES);
         int backend = tiles ? AMX_TILES : active_backend == AMX ? AVX512VNNI : active_backend;
         if (nibbles && backend == AVX2) backend = PORTABLE; /* 4-bit weights: VNNI or portable */
         const int rounding = tiles ? AVX512VNNI : backend;
@@ -1134,6 +1167,13 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         run_job(&job, threads);
         pthread_mutex_unlock(&call_lock);
         Py_END_ALLOW_THREADS;
+        if (tiles && nibbles && atomic_exchange(&wide_failed, 0)) {
+            free(q);
+            free(rowscale);
+            free(h);
+            PyErr_NoMemory();
+            goto done;
+        }
         free(q);
         free(aux);
         free(rowscale);

@@ -73,6 +73,22 @@ def test_4_bit_rows_alone_equal_rows_in_any_batch(backend):
         assert torch.equal(cut(x[:rows]), alone[:rows]), (backend, rows)
 
 
+def test_4_bit_blocks_on_the_tile_unit_equal_rows_alone(backend):
+    """Under the "amx" build, 16 rows or more over whole 64-column chunks widen each tile's
+    nibbles to int8 and run on the tile unit (a prompt's prefill); the other builds run them as
+    any block. Row blocks of 32 and 16, padding rows, channels past a tile's end, and (8,960
+    columns) panels of 64 rows; 10,368 columns are wider than the widening buffer and stay on
+    VNNI. Every case must give the one-row bits (one row never tiles)."""
+    for inp, counts in ((128, (16, 17, 31, 32, 33, 48, 49)), (8960, (100,)), (10368, (20,))):
+        cut = RowInt4Linear.from_int8(_int8_layer(7, out=70, inp=inp))
+        x = _rows(8, max(counts), inp)
+        alone = torch.cat([cut(x[i : i + 1]) for i in range(max(counts))])
+        weight, scale = cut.int8_weight()
+        assert torch.equal(alone, RowInt8Linear(weight, scale, cut.bias.detach())(x)), backend
+        for rows in counts:
+            assert torch.equal(cut(x[:rows]), alone[:rows]), (backend, inp, rows)
+
+
 def test_a_copy_keeps_the_4_bit_layer():
     cut = RowInt4Linear.from_int8(_int8_layer(5))
     twin = copy.deepcopy(cut)
