@@ -83,7 +83,7 @@ def generate_cmd(
     ] = True,
     key: Annotated[str | None, typer.Option(help="Key id (default: the only active key).")] = None,
     method: Annotated[str, typer.Option(help=f"Sampler: {', '.join(METHOD_NAMES)}.")] = "mpfr",
-    drafts: Annotated[int | None, typer.Option(help="B, drafts per block (mpfr; default 2).")] = None,
+    drafts: Annotated[int | None, typer.Option(help="B, drafts per block (mpfr; default 3).")] = None,
     lookahead: Annotated[int, typer.Option(help="L, draft depth per block.")] = DEFAULT_LOOKAHEAD,
     max_new_tokens: Annotated[int, typer.Option(help="Token budget (EOS counts).")] = 128,
     temperature: Annotated[float, typer.Option(help="Target temperature (> 0).")] = 1.0,

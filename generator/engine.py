@@ -31,7 +31,9 @@ from wmark.keymaterial import KeyMaterial
 
 __all__ = ["METHODS", "SamplerConfig", "check_key_binding", "generate", "request_nonce"]
 
-DEFAULT_DRAFTS = 2  # B: on CPU a B = 4 tree's verify costs more than its extra tokens (BENCHMARKS.md)
+# B: counted on CPU (bench/draft_rules.py), 3 drafts beat 2 on every built-in prompt set and 4 gained
+# nothing more: extra verify rows cost ~1-2 % of a target forward each (BENCHMARKS.md)
+DEFAULT_DRAFTS = 3
 MAX_DRAFTS = 64
 MAX_LOOKAHEAD = 32
 
