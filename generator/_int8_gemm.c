@@ -1160,24 +1160,23 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         job_t rows_phase = job;
         rows_phase.rows = &rows_job;
         if (threads < 1) threads = 1;
+        int failed = 0; /* a thread could not widen 4-bit tiles (read under the call lock: this call's) */
         Py_BEGIN_ALLOW_THREADS;
         pthread_mutex_lock(&call_lock);
         /* quantising (and a prologue) is ~1 ns an element: worth the pool from a few thousand */
         run_job(&rows_phase, m * k >= PARALLEL_ROWS_ELEMENTS ? threads : 1);
         run_job(&job, threads);
+        failed = tiles && nibbles && atomic_exchange(&wide_failed, 0);
         pthread_mutex_unlock(&call_lock);
         Py_END_ALLOW_THREADS;
-        if (tiles && nibbles && atomic_exchange(&wide_failed, 0)) {
-            free(q);
-            free(rowscale);
-            free(h);
-            PyErr_NoMemory();
-            goto done;
-        }
         free(q);
         free(aux);
         free(rowscale);
         free(h);
+        if (failed) {
+            PyErr_NoMemory();
+            goto done;
+        }
         result = Py_None;
         Py_INCREF(result);
     }
