@@ -1,4 +1,4 @@
-"""The audit log: append-only, hash-chained, written under a database lock.
+"""The audit log's rows: what is appended, how a row is serialised, and the hash chain.
 
 Every detection, key change, token change and failed authentication is one row: time, actor,
 action, key ids, the SHA-256 of the text (never the text) and a result object. Rows are chained:
@@ -6,55 +6,44 @@ action, key ids, the SHA-256 of the text (never the text) and a result object. R
     row_hash = SHA-256(prev_hash || canonical(row))
 
 where canonical(row) is JSON with sorted keys, no spaces and ASCII escapes, so that one row has
-exactly one serialisation. A writer takes the database's write lock before it reads the chain
-head (BEGIN IMMEDIATE on SQLite; a row lock on `audit_head` on PostgreSQL), so any number of
-processes append one linear chain. `verify` replays the chain and names the first row that was
-edited, deleted or moved. Someone who can rewrite the whole table and the head can rebuild a
-consistent chain: record `verify`'s head hash outside the database and pass it back as an anchor.
+exactly one serialisation. `wmark.keys.audit_log` appends rows under the database's write lock
+(`wmark.keys.transactions`), so any number of processes append one linear chain;
+`wmark.keys.audit_verify` replays the chain and names the first row that was edited, deleted or
+moved. Someone who can rewrite the whole table and the head can rebuild a consistent chain:
+record `verify`'s head hash outside the database and pass it back as an anchor.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
-import os
-import threading
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from weakref import WeakKeyDictionary
 
-from sqlalchemy import Engine, Table, insert, select, update
-from sqlalchemy.orm import Session, sessionmaker
-
-from wmark.errors import InputError, KeyRegistryError, WmarkError
-from wmark.keys.models import AuditEvent, AuditHead, utcnow
+from wmark.errors import KeyRegistryError
+from wmark.keys.models import AuditEvent
 
 __all__ = [
     "GENESIS",
+    "HEAD_MISSING",
     "AuditEntry",
-    "AuditLog",
     "AuditLogCorrupt",
     "AuditRecord",
     "VerifyReport",
+    "canonical_json",
     "canonical_row",
     "chain_hash",
     "detection_entry",
+    "record_hash",
+    "stored_record",
     "text_digest",
-    "write_transaction",
 ]
 
 GENESIS = "0" * 64  # prev_hash of the first row
-Precondition = Callable[[Session], None]  # see AuditLog.append
-_VERIFY_CHUNK = 1000
-_AUDIT_TABLE: Table = AuditEvent.__table__  # type: ignore[assignment]  # a Table, typed FromClause
-_HEAD_TABLE: Table = AuditHead.__table__  # type: ignore[assignment]
+HEAD_MISSING = "the chain head (table audit_head) is missing"
 
 
 class AuditLogCorrupt(KeyRegistryError):
@@ -100,7 +89,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _dumps(value: Any) -> str:
+def canonical_json(value: Any) -> str:
+    """The one JSON text of `value`: sorted keys, no spaces, ASCII escapes (`_plain` first)."""
     return json.dumps(
         _plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     )
@@ -197,7 +187,7 @@ def canonical_row(
     result: Mapping[str, Any],
 ) -> bytes:
     """The one serialisation of a row that its hash covers (version-tagged canonical JSON)."""
-    return _dumps(
+    return canonical_json(
         {
             "v": 1,
             "seq": seq,
@@ -242,74 +232,6 @@ def detection_entry(
     )
 
 
-class _WriterLock:
-    """Queues the writers of one database: the threads of this process, then (for a SQLite file)
-    the processes, on an flock of `<database>.writelock`.
-
-    Without it, writers wait inside SQLite's busy handler, which polls with sleeps of up to
-    100 ms: with several worker processes a writer can lose the race for seconds. A thread lock
-    and a blocking flock wake the next writer as soon as the lock is free.
-    """
-
-    def __init__(self, engine: Engine) -> None:
-        self._threads = threading.Lock()
-        database = engine.url.database if engine.dialect.name == "sqlite" else None
-        self._path = f"{database}.writelock" if database and database != ":memory:" else None
-        self._fd: int | None = None
-
-    @contextmanager
-    def hold(self) -> Iterator[None]:
-        with self._threads:
-            if self._path is None:
-                yield
-                return
-            if self._fd is None:
-                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-                weakref.finalize(self, os.close, self._fd)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-
-_writer_locks: WeakKeyDictionary[Engine, _WriterLock] = WeakKeyDictionary()
-_writer_locks_guard = threading.Lock()
-
-
-def _writer_lock(engine: Engine) -> _WriterLock:
-    with _writer_locks_guard:
-        lock = _writer_locks.get(engine)
-        if lock is None:
-            lock = _writer_locks[engine] = _WriterLock(engine)
-        return lock
-
-
-@contextmanager
-def write_transaction(sessions: sessionmaker[Session]) -> Iterator[Session]:
-    """A transaction that holds the database's write lock from its first statement.
-
-    SQLite would otherwise start a deferred transaction, read, and fail to upgrade to a write
-    lock under contention; BEGIN IMMEDIATE takes it first. Writers queue on `_WriterLock`
-    before that, so they rarely meet SQLite's polling busy handler at all.
-    """
-    engine = sessions.kw["bind"]
-    with _writer_lock(engine).hold(), sessions.begin() as session:
-        conn = session.connection()
-        if conn.dialect.name == "sqlite":
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        yield session
-
-
-def _read_snapshot(session: Session) -> None:
-    """Make every later read of `session` see one snapshot of the database."""
-    if session.get_bind().dialect.name == "sqlite":
-        # pysqlite runs SELECTs outside a transaction; an explicit one pins a WAL snapshot
-        session.connection().exec_driver_sql("BEGIN")
-    else:
-        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-
-
 def _decoded(row: AuditEvent) -> tuple[list[str], dict[str, Any]]:
     """The row's key ids and result, or `AuditLogCorrupt` naming the row and the bad column."""
     try:
@@ -329,7 +251,8 @@ def _decoded(row: AuditEvent) -> tuple[list[str], dict[str, Any]]:
     return key_ids, result
 
 
-def _record(row: AuditEvent) -> AuditRecord:
+def stored_record(row: AuditEvent) -> AuditRecord:
+    """The record of a stored row, or `AuditLogCorrupt` naming the row and the bad column."""
     key_ids, result = _decoded(row)
     return AuditRecord(
         seq=row.seq,
@@ -344,264 +267,15 @@ def _record(row: AuditEvent) -> AuditRecord:
     )
 
 
-def _row_hash(row: AuditEvent) -> str:
-    key_ids, result = _decoded(row)
+def record_hash(record: AuditRecord) -> str:
+    """The row hash `record` must carry: its canonical row chained to its `prev_hash`."""
     canonical = canonical_row(
-        seq=row.seq,
-        at=row.at,
-        actor=row.actor,
-        action=row.action,
-        key_ids=key_ids,
-        text_sha256=row.text_sha256,
-        result=result,
+        seq=record.seq,
+        at=record.at,
+        actor=record.actor,
+        action=record.action,
+        key_ids=record.key_ids,
+        text_sha256=record.text_sha256,
+        result=record.result,
     )
-    return chain_hash(row.prev_hash, canonical)
-
-
-_HEAD_MISSING = "the chain head (table audit_head) is missing"
-
-
-def _head(session: Session, *, for_update: bool = False) -> tuple[int, str]:
-    """The chain head's (seq, row_hash), or `AuditLogCorrupt` when it was deleted.
-
-    Read (and written, by `_append_locked`) through SQLAlchemy Core: an ORM object for the head
-    cost a load and a unit-of-work flush, ~0.3 ms of CPU per group commit."""
-    query = select(_HEAD_TABLE.c.seq, _HEAD_TABLE.c.row_hash).where(_HEAD_TABLE.c.id == 1)
-    row = session.connection().execute(query.with_for_update() if for_update else query).one_or_none()
-    if row is None:
-        raise AuditLogCorrupt(f"{_HEAD_MISSING}: run `wmark audit verify`")
-    return int(row.seq), str(row.row_hash)
-
-
-def _append_locked(
-    session: Session, head: tuple[int, str], entries: Sequence[AuditEntry]
-) -> list[AuditRecord]:
-    """Append after `head` (locked by this transaction) and move the head to the last new row."""
-    if not entries:
-        return []
-    out, rows = [], []
-    seq, prev_hash = head
-    for entry in entries:
-        at = utcnow()
-        key_ids = [str(k) for k in entry.key_ids]
-        result_json = _dumps(entry.result)
-        result = json.loads(result_json)  # what is stored is what is hashed
-        seq += 1
-        row_hash = chain_hash(
-            prev_hash,
-            canonical_row(
-                seq=seq,
-                at=at,
-                actor=entry.actor,
-                action=entry.action,
-                key_ids=key_ids,
-                text_sha256=entry.text_sha256,
-                result=result,
-            ),
-        )
-        record = AuditRecord(
-            seq=seq,
-            at=at,
-            actor=entry.actor,
-            action=entry.action,
-            key_ids=tuple(key_ids),
-            text_sha256=entry.text_sha256,
-            result=result,
-            prev_hash=prev_hash,
-            row_hash=row_hash,
-        )
-        rows.append({**record.to_dict(), "at": at, "key_ids": _dumps(key_ids), "result": result_json})
-        out.append(record)
-        prev_hash = row_hash
-    conn = session.connection()
-    conn.execute(insert(_AUDIT_TABLE), rows)
-    conn.execute(update(_HEAD_TABLE).where(_HEAD_TABLE.c.id == 1).values(seq=seq, row_hash=prev_hash))
-    return out
-
-
-class AuditLog:
-    """The audit log of one database.
-
-    Args:
-        sessions: session factory of a migrated registry database.
-    """
-
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self.sessions = sessions
-        self._queue: list[tuple[Sequence[AuditEntry], Precondition | None, Future[list[AuditRecord]]]] = []
-        self._turn = threading.Condition()
-        self._writing = False
-
-    def append(self, *entries: AuditEntry, precondition: Precondition | None = None) -> list[AuditRecord]:
-        """Append entries, in order, and return their rows once committed.
-
-        Group commit: threads of one process that append at the same time share one locked
-        transaction (and one fsync). The first caller writes everything queued so far, its own
-        entries included; the others wait for their rows, and one of any still queued writes next.
-
-        Args:
-            entries: the rows to write.
-            precondition: called in the write transaction, under the lock, before the entries are
-                written; a `WmarkError` it raises is this caller's (its entries are not written,
-                the others' are). The service checks there that the token it authenticated from a
-                cache is still unrevoked, so an answer is only ever audited, and given, under a
-                token valid at that moment.
-        """
-        mine: Future[list[AuditRecord]] = Future()
-        with self._turn:
-            self._queue.append((entries, precondition, mine))
-            while self._writing and not mine.done():
-                self._turn.wait()
-            if mine.done():
-                return mine.result()
-            self._writing = True
-            batch, self._queue = self._queue, []
-        try:
-            with write_transaction(self.sessions) as session:
-                written = self._append_group(session, batch)
-        except BaseException as exc:
-            for _, _, waiter in batch:
-                waiter.set_exception(exc)
-        else:
-            for (_, _, waiter), records in zip(batch, written, strict=True):
-                if isinstance(records, WmarkError):
-                    waiter.set_exception(records)
-                else:
-                    waiter.set_result(records)
-        finally:
-            with self._turn:
-                self._writing = False
-                self._turn.notify_all()
-        return mine.result()
-
-    def _append_group(
-        self,
-        session: Session,
-        batch: Sequence[tuple[Sequence[AuditEntry], Precondition | None, object]],
-    ) -> list[list[AuditRecord] | WmarkError]:
-        """Every caller's precondition, then all admitted callers' rows in one insert: each
-        caller gets its rows, or the `WmarkError` its precondition raised.
-
-        The chain head is locked first, so that the preconditions see what every earlier writer
-        committed and nothing can commit after them (on PostgreSQL the head's row lock is the
-        write lock; SQLite's BEGIN IMMEDIATE already holds it)."""
-        head = _head(session, for_update=True)
-        outcome: list[list[AuditRecord] | WmarkError] = []
-        admitted: list[AuditEntry] = []
-        for entries, precondition, _ in batch:
-            try:
-                if precondition is not None:
-                    precondition(session)
-            except WmarkError as exc:
-                outcome.append(exc)
-                continue
-            outcome.append([])
-            admitted.extend(entries)
-        records = iter(_append_locked(session, head, admitted))
-        for (entries, _, _), mine in zip(batch, outcome, strict=True):
-            if isinstance(mine, list):
-                mine.extend(next(records) for _ in entries)
-        return outcome
-
-    @staticmethod
-    def append_in(session: Session, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
-        """Append within a transaction opened by `write_transaction` (so a change and its row
-        commit together).
-
-        One multi-row INSERT through SQLAlchemy Core (no ORM object per row: the unit of work
-        cost ~0.2 ms of CPU a row) and one update of the chain head.
-        """
-        return _append_locked(session, _head(session, for_update=True), entries)
-
-    def tail(self, n: int = 20) -> list[AuditRecord]:
-        """The last `n` rows, oldest first."""
-        return list(reversed(self.page(limit=n)))
-
-    def page(
-        self, *, limit: int = 100, before: int | None = None, action: str | None = None
-    ) -> list[AuditRecord]:
-        """Rows newest first: at most `limit`, with seq < `before`, of one `action` if given."""
-        if not 1 <= limit <= 10_000:
-            raise InputError("limit must be between 1 and 10000")
-        query = select(AuditEvent).order_by(AuditEvent.seq.desc()).limit(limit)
-        if before is not None:
-            query = query.where(AuditEvent.seq < before)
-        if action is not None:
-            query = query.where(AuditEvent.action == action)
-        with self.sessions() as session:
-            return [_record(row) for row in session.scalars(query)]
-
-    def count(self) -> int:
-        """Rows in the log, per the chain head."""
-        with self.sessions() as session:
-            return _head(session)[0]
-
-    def verify(self, *, anchor: tuple[int, str] | None = None) -> VerifyReport:
-        """Replay the chain from the first row.
-
-        Args:
-            anchor: (seq, row_hash) recorded from an earlier `verify`; the log must still
-                contain that exact row.
-
-        Returns:
-            The report; `first_bad_seq` names the first row that was edited, deleted (the
-            missing sequence number) or moved.
-        """
-        prev_hash, expected, rows = GENESIS, 1, 0
-        anchor_seen = anchor is None or anchor[0] == 0
-
-        def bad(seq: int, reason: str) -> VerifyReport:
-            return VerifyReport(
-                ok=False,
-                rows=rows,
-                head_seq=expected - 1,
-                head_hash=prev_hash,
-                first_bad_seq=seq,
-                reason=reason,
-            )
-
-        with self.sessions() as session:
-            _read_snapshot(session)  # the head and the rows as of one moment, while writers go on
-            head = session.scalars(select(AuditHead).where(AuditHead.id == 1)).one_or_none()
-            last = 0
-            while True:
-                chunk = list(
-                    session.scalars(
-                        select(AuditEvent)
-                        .where(AuditEvent.seq > last)
-                        .order_by(AuditEvent.seq)
-                        .limit(_VERIFY_CHUNK)
-                    )
-                )
-                if not chunk:
-                    break
-                for row in chunk:
-                    if row.seq != expected:
-                        gap = f"{expected}" if row.seq == expected + 1 else f"{expected}..{row.seq - 1}"
-                        return bad(expected, f"row {gap} is missing (deleted or renumbered)")
-                    if row.prev_hash != prev_hash:
-                        return bad(row.seq, "prev_hash does not match the previous row (moved or replaced)")
-                    try:
-                        edited = _row_hash(row) != row.row_hash
-                    except AuditLogCorrupt as exc:
-                        return bad(row.seq, f"{exc.detail} (edited)")
-                    if edited:
-                        return bad(row.seq, "contents do not match the row hash (edited)")
-                    if anchor is not None and row.seq == anchor[0]:
-                        if row.row_hash != anchor[1]:
-                            return bad(row.seq, "row differs from the anchor recorded earlier")
-                        anchor_seen = True
-                    prev_hash, expected, rows = row.row_hash, expected + 1, rows + 1
-                last = chunk[-1].seq
-                session.expunge_all()
-            if head is None:
-                return bad(expected - 1, f"{_HEAD_MISSING} (deleted)")
-            if head.seq > expected - 1:
-                return bad(expected, f"rows {expected}..{head.seq} are missing (the log was truncated)")
-            if head.seq < expected - 1:
-                return bad(head.seq + 1, "rows after the recorded head were added outside the audit writer")
-            if head.row_hash != prev_hash:
-                return bad(head.seq, "the last row does not match the recorded chain head")
-            if anchor is not None and not anchor_seen:
-                return bad(anchor[0], "the anchor row is beyond the end of the log")
-        return VerifyReport(ok=True, rows=rows, head_seq=expected - 1, head_hash=prev_hash)
+    return chain_hash(record.prev_hash, canonical)

@@ -30,12 +30,14 @@ from wmark.errors import (
     TokenizerError,
 )
 from wmark.keymaterial import KeyMaterial, KeyStatus
-from wmark.keys.audit import AuditEntry, AuditLog, write_transaction
+from wmark.keys.audit import AuditEntry
+from wmark.keys.audit_log import AuditLog
 from wmark.keys.config import RegistryConfig
 from wmark.keys.crypto import MasterKey
 from wmark.keys.db import make_engine, make_sessionmaker, upgrade
 from wmark.keys.models import Key, Tokenizer, utcnow
 from wmark.keys.tokens import TokenStore
+from wmark.keys.transactions import write_transaction
 from wmark.secret import Secret
 from wmark.spec import TokenizerRef, WatermarkSpec
 from wmark.vllm_gumbel import VllmWatermarkConfig

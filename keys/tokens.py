@@ -21,8 +21,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from wmark.errors import AuthError, InputError, WmarkError
-from wmark.keys.audit import AuditEntry, AuditLog, write_transaction
+from wmark.keys.audit import AuditEntry
+from wmark.keys.audit_log import AuditLog
 from wmark.keys.models import ApiToken, utcnow
+from wmark.keys.transactions import write_transaction
 
 __all__ = ["ROLES", "IssuedToken", "Role", "TokenInfo", "TokenNotFoundError", "TokenStore", "TokenRejected"]
 

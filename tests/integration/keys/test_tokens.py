@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from wmark import InputError
 from wmark.cli.main import app
 from wmark.keys import KeyRegistry
-from wmark.keys.audit import write_transaction
 from wmark.keys.tokens import TokenNotFoundError, TokenRejected, TokenStore
+from wmark.keys.transactions import write_transaction
 
 runner = CliRunner()
 
