@@ -5,7 +5,7 @@
 ARG PYTHON_VERSION=3.11
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
-# the C fast paths (core/_fastprf.c, generator/_tree_attention.c) need a compiler at build time only
+# the C fast paths (core/_fastprf.c, generator/cpu/_tree_attention.c) need a compiler at build time only
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*

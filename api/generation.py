@@ -26,11 +26,11 @@ from wmark.api.generate_settings import GenerationSettings
 from wmark.api.metrics import Metrics
 from wmark.errors import WmarkError
 from wmark.generator.backend import LanguageModel
-from wmark.generator.cpu_threads import CoreMeter, ThreadPlan, apply_threads
-from wmark.generator.drafters import build_drafter, drafter_model_source
+from wmark.generator.cpu.threads import CoreMeter, ThreadPlan, apply_threads
+from wmark.generator.drafters.build import build_drafter, drafter_model_source
 from wmark.generator.engine import METHODS, SamplerConfig, check_key_binding, generate
-from wmark.generator.loading import ModelPair, load_pair
 from wmark.generator.logits import LogitsConfig
+from wmark.generator.models.loading import ModelPair, load_pair
 from wmark.generator.result import GenerationResult
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry

@@ -326,7 +326,7 @@ def main() -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("this benchmark's load generator is wrk: install it (Debian: apt-get install wrk)")
 
-    from wmark.generator.embedded import embedded_tokenizer_json
+    from wmark.generator.models.embedded import embedded_tokenizer_json
 
     load_before = os.getloadavg()[0]
     tokenizer_json = embedded_tokenizer_json()

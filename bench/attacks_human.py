@@ -20,7 +20,7 @@ from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import Detector, TextTokenizer
 from wmark.eval.attacks import ATTACKS, attacked
 from wmark.eval.corpus import system_corpus
-from wmark.generator.embedded import embedded_tokenizer_json
+from wmark.generator.models.embedded import embedded_tokenizer_json
 
 
 def main() -> None:

@@ -47,11 +47,11 @@ def child(mode: str, method: str, tokens: int, rounds: int) -> None:
     """Load once, then alternate quiet and busy runs; one JSON line per run on stdout."""
     from wmark import KeyMaterial, Secret, WatermarkSpec
     from wmark.detector import TextTokenizer
-    from wmark.generator.cpu_threads import ThreadPlan, apply_threads, plan_threads
-    from wmark.generator.drafters import build_drafter
-    from wmark.generator.embedded import embedded_tokenizer_json
+    from wmark.generator.cpu.threads import ThreadPlan, apply_threads, plan_threads
+    from wmark.generator.drafters.build import build_drafter
     from wmark.generator.engine import SamplerConfig, generate
-    from wmark.generator.loading import load_pair
+    from wmark.generator.models.embedded import embedded_tokenizer_json
+    from wmark.generator.models.loading import load_pair
     from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD
 
     speculative = method == "default"

@@ -9,7 +9,7 @@ attention: batch-invariant) is what the generator uses on CPU. Rows: target and 
 embedded pair, after a 200-token prefix, M = 1, 2, 5, 9, 17 new tokens (a chain: every row sees
 the ones before it). Rounds alternate between the precisions; the median is reported. The
 drafter also runs with its output layer cut to the commonest 32,768 token IDs (`--drafter
-embedded`'s default, `wmark.generator.draft_head`), swapped in on the same int8 session.
+embedded`'s default, `wmark.generator.drafters.truncated_head`), swapped in on the same int8 session.
 `--precisions int8` skips the float32 rows.
 """
 
@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from wmark.generator.draft_head import DRAFT_VOCAB, TruncatedHead
-from wmark.generator.loading import load_pair
+from wmark.generator.drafters.truncated_head import DRAFT_VOCAB, TruncatedHead
+from wmark.generator.models.loading import load_pair
 
 SIZES = (1, 2, 5, 9, 17)
 

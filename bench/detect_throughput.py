@@ -26,7 +26,7 @@ from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark import prf as prf_mod
 from wmark.detector import Detector, TextTokenizer
 from wmark.eval.corpus import system_corpus
-from wmark.generator.embedded import embedded_tokenizer_json
+from wmark.generator.models.embedded import embedded_tokenizer_json
 
 
 def _keys(spec: WatermarkSpec, n: int) -> list[KeyMaterial]:

@@ -38,10 +38,10 @@ from wmark.detector import TextTokenizer  # noqa: E402
 from wmark.eval.models import prompt_encoder  # noqa: E402
 from wmark.eval.prompts import load_prompt_set  # noqa: E402
 from wmark.generator.backend import LanguageModel, PrefillSession, Session  # noqa: E402
-from wmark.generator.drafters import build_drafter, drafter_model_source  # noqa: E402
-from wmark.generator.embedded import embedded_tokenizer_json  # noqa: E402
+from wmark.generator.drafters.build import build_drafter, drafter_model_source  # noqa: E402
 from wmark.generator.engine import generate  # noqa: E402
-from wmark.generator.loading import load_pair  # noqa: E402
+from wmark.generator.models.embedded import embedded_tokenizer_json  # noqa: E402
+from wmark.generator.models.loading import load_pair  # noqa: E402
 
 ForwardLog = list[tuple[str, int]]  # (model role, rows M) of every forward that made logits
 

@@ -6,7 +6,7 @@ On the embedded pair (int8, drafter head cut to 32k as `--drafter embedded` has 
 200-token prefix, one forward over M = 1, 2, 5, 9 new tokens (a chain), each variant swapped in
 on the same session and the variants alternating within every round, so that this shared
 machine's drift hits them alike. Rows: target and drafter with q/k/v and gate/up as separate
-GEMMs vs fused (`wmark.generator.fused`; the logits are also compared bit for bit), and the
+GEMMs vs fused (`wmark.generator.models.fused`; the logits are also compared bit for bit), and the
 drafter with the batch-invariant row-by-row attention vs stock SDPA (what `build_drafter` gives
 a draft model). Median milliseconds per forward, CPU time of this process at one thread (wall
 time at more), so that other processes' load counts less.
@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-import wmark.generator.hf_backend as hf_backend
-from wmark.generator.draft_head import truncate_head
-from wmark.generator.fused import GROUPS, fuse_projections
-from wmark.generator.hf_backend import HFModel
-from wmark.generator.loading import load_pair
+import wmark.generator.models.prepare as prepare
+from wmark.generator.drafters.truncated_head import truncate_head
+from wmark.generator.models.fused import GROUPS, fuse_projections
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.loading import load_pair
 
 SIZES = (1, 2, 5, 9)
 
@@ -53,12 +53,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    loaded = hf_backend.fuse_projections
-    hf_backend.fuse_projections = lambda _model: 0  # load unfused; `_swaps` fuses on the side
+    loaded = prepare.fuse_projections
+    prepare.fuse_projections = lambda _model: 0  # load unfused; `_swaps` fuses on the side
     try:
         pair = load_pair("embedded", "embedded", precision="int8", threads=args.threads)
     finally:
-        hf_backend.fuse_projections = loaded
+        prepare.fuse_projections = loaded
     assert pair.drafter is not None
     models: dict[str, HFModel] = {"target": pair.target, "drafter": truncate_head(pair.drafter)}
     ids = pair.encode_prompt("Explain in detail how photosynthesis works, step by step. " * 30)[:240]

@@ -31,11 +31,11 @@ from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import TextTokenizer
 from wmark.eval.models import prompt_encoder
 from wmark.eval.prompts import load_prompt_set
-from wmark.generator import _int8_gemm
-from wmark.generator.drafters import build_drafter, drafter_model_source
-from wmark.generator.embedded import embedded_tokenizer_json
+from wmark.generator.cpu import _int8_gemm
+from wmark.generator.drafters.build import build_drafter, drafter_model_source
 from wmark.generator.engine import SamplerConfig, generate
-from wmark.generator.loading import load_pair, resolve_source
+from wmark.generator.models.embedded import embedded_tokenizer_json
+from wmark.generator.models.loading import load_pair, resolve_source
 from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD
 
 PROMPTS = [

@@ -63,9 +63,10 @@ _import_wmark_from_tree()
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec  # noqa: E402
+from wmark.generator.cuda.prf import seed_uniforms_torch, seed_words  # noqa: E402
 from wmark.generator.engine import SamplerConfig, generate  # noqa: E402
-from wmark.generator.hf_backend import HFModel, prepare_model  # noqa: E402
-from wmark.generator.prf_torch import seed_uniforms_torch, seed_words  # noqa: E402
+from wmark.generator.models.hf_session import HFModel  # noqa: E402
+from wmark.generator.models.prepare import prepare_model  # noqa: E402
 from wmark.prf import seed_uniforms  # noqa: E402
 
 # Qwen2.5(-Coder)-1.5B-Instruct and -0.5B-Instruct, the embedded pair (their config.json shapes).

@@ -6,7 +6,7 @@ Every build this CPU runs (`_int8_gemm.backends()`: amx, avx512vnni, avx2; `--ke
 timed on the same sessions, rounds alternating build by build so that drift of a shared machine
 hits all alike: the prompt prefill of the target and the drafter (`--prefill` token counts) and
 one forward over M new tokens after a 200-token prefix (`--sizes`); the drafter also with its
-weights cut to 4 bits (`wmark.generator.draft_int4`, what `build_drafter` does on VNNI CPUs).
+weights cut to 4 bits (`wmark.generator.drafters.int4_weights`, what `build_drafter` does on VNNI CPUs).
 `--prefetch near,far` also crosses them with the weight prefetch policies (`_int8_gemm.prefetch`:
 into L1 96 groups ahead, AMD's default, or into L2 192 ahead, Intel's). Every variant gives the
 same bits (tests/integration/generator/test_rowwise_int8.py), so only the time differs; the table
@@ -21,9 +21,9 @@ import itertools
 import statistics
 import time
 
-from wmark.generator import _int8_gemm
-from wmark.generator.draft_int4 import cut_to_int4
-from wmark.generator.loading import load_pair
+from wmark.generator.cpu import _int8_gemm
+from wmark.generator.drafters.int4_weights import cut_to_int4
+from wmark.generator.models.loading import load_pair
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
 
 Each round loads the pair (`load_pair("embedded", "embedded")`, what every `wmark generate`
 does after the first run) in a fresh interpreter twice: once with `THP_MEM_ALLOC_ENABLE=1`
-(what the CLI sets, `wmark.generator.huge_pages`) and once with it 0, alternating so that drift
+(what the CLI sets, `wmark.generator.cpu.huge_pages`) and once with it 0, alternating so that drift
 of a shared machine hits both alike. Reported per setting: the median wall time of the load
 itself (import excluded), of `import` of the generator, and the user and system CPU seconds of
 the whole child. The models must be converted already (run `wmark demo` once).
@@ -23,7 +23,7 @@ import sys
 _CHILD = """
 import json, sys, time
 start = time.perf_counter()
-from wmark.generator.loading import load_pair
+from wmark.generator.models.loading import load_pair
 imported = time.perf_counter()
 load_pair("embedded", "embedded", threads=int(sys.argv[1]))
 print(json.dumps({"import_s": imported - start, "load_s": time.perf_counter() - imported}))

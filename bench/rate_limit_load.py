@@ -72,7 +72,7 @@ def main() -> None:
         raise SystemExit("this benchmark's load generator is wrk: install it (Debian: apt-get install wrk)")
     redis.Redis.from_url(args.redis).ping()
 
-    from wmark.generator.embedded import embedded_tokenizer_json
+    from wmark.generator.models.embedded import embedded_tokenizer_json
 
     tokenizer_json = embedded_tokenizer_json()
     tok = TextTokenizer(tokenizer_json, "qwen2.5-coder")

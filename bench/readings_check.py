@@ -25,7 +25,7 @@ from wmark.detector import Detector, TextTokenizer
 from wmark.detector.readings import reading_texts
 from wmark.eval.attacks import ATTACKS
 from wmark.eval.corpus import system_corpus
-from wmark.generator.embedded import embedded_tokenizer_json
+from wmark.generator.models.embedded import embedded_tokenizer_json
 
 
 def _reference_ids(tok: TextTokenizer, text: str) -> list[np.ndarray]:

@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
 
-    from wmark.generator.embedded import embedded_tokenizer_json
+    from wmark.generator.models.embedded import embedded_tokenizer_json
 
     data = embedded_tokenizer_json()
     tok = TextTokenizer(data, "qwen2.5-coder")

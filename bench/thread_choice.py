@@ -2,7 +2,7 @@
 
     WMARK_HOME=... .venv/bin/python bench/thread_choice.py [--threads 2] [--rounds 12]
 
-What `wmark.generator.thread_tuner` decides at run time, measured side by side: the embedded
+What `wmark.generator.cpu.thread_tuner` decides at run time, measured side by side: the embedded
 target and the drafter as `build_drafter` makes it (head cut to 32k, 4-bit weights where they
 pay), after a 300-token prefix, one forward over M new tokens (a chain), its int8 GEMMs and tree
 attention on one thread or on `--threads`, the two alternating within every round so that drift
@@ -18,9 +18,9 @@ import os
 import statistics
 import time
 
-from wmark.generator.drafters import build_drafter
-from wmark.generator.loading import load_pair
-from wmark.generator.rowwise import gemm_threads_for
+from wmark.generator.cpu.rowwise import gemm_threads_for
+from wmark.generator.drafters.build import build_drafter
+from wmark.generator.models.loading import load_pair
 
 
 def main() -> None:

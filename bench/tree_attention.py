@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from wmark.generator import _tree_attention
+from wmark.generator.cpu import _tree_attention
 
 SHAPES = {"target": (12, 2, 128), "drafter": (14, 2, 64)}  # query heads, key/value heads, head size
 

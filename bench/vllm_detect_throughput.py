@@ -26,7 +26,7 @@ from vllm.v1.watermarking import DualKeyGumbelWatermarkDetector, GumbelWatermark
 from wmark import KeyMaterial, TokenizerRef
 from wmark.detector import Detector, TextTokenizer
 from wmark.eval.corpus import system_corpus
-from wmark.generator.embedded import embedded_tokenizer_json
+from wmark.generator.models.embedded import embedded_tokenizer_json
 from wmark.prf import fast_backend
 from wmark.vllm_gumbel import VllmWatermarkConfig
 

@@ -27,7 +27,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from wmark.detector import Detector  # noqa: E402
 from wmark.detector.tokenize import read_tokenizer_source  # noqa: E402
 from wmark.eval.prompts import Prompt, load_prompt_set  # noqa: E402
-from wmark.generator.embedded import DRAFTER, models_dir  # noqa: E402
+from wmark.generator.models.embedded import DRAFTER, models_dir  # noqa: E402
 from wmark.integrations.vllm import WmarkLogitsProcessor  # noqa: E402
 from wmark.keys import KeyRegistry, RegistryConfig  # noqa: E402
 

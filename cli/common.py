@@ -46,7 +46,7 @@ def open_registry() -> KeyRegistry:
 def embedded_tokenizer_loader() -> Any:
     """Loader of the embedded pair's tokenizer.json, or None without the `[models]` extra."""
     try:
-        from wmark.generator.embedded import embedded_tokenizer_json
+        from wmark.generator.models.embedded import embedded_tokenizer_json
     except ImportError:
         return None
     return embedded_tokenizer_json

@@ -14,7 +14,7 @@ from rich.table import Table
 from wmark.cli.common import console, open_registry, print_json
 from wmark.cli.generate import load_with_status, run_generation
 from wmark.detector import Detector
-from wmark.generator.embedded import embedded_tokenizer_json
+from wmark.generator.models.embedded import embedded_tokenizer_json
 from wmark.generator.names import AUTO, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD, DRAFTER_HELP
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry

@@ -17,7 +17,7 @@ from wmark.keymaterial import KeyMaterial
 if TYPE_CHECKING:  # torch and transformers load only when a command generates
     from wmark.generator.backend import LanguageModel
     from wmark.generator.engine import SamplerConfig
-    from wmark.generator.loading import ModelPair
+    from wmark.generator.models.loading import ModelPair
     from wmark.generator.result import GenerationResult
 
 
@@ -25,8 +25,8 @@ def load_with_status(
     target: str, drafter: str | None, device: str, precision: str
 ) -> tuple[ModelPair, LanguageModel | None]:
     """`load_pair` with a spinner on stderr, and the drafter `drafter` names (None: no drafter)."""
-    from wmark.generator.drafters import build_drafter, drafter_model_source
-    from wmark.generator.loading import load_pair
+    from wmark.generator.drafters.build import build_drafter, drafter_model_source
+    from wmark.generator.models.loading import load_pair
 
     model = None if drafter is None else drafter_model_source(drafter, target)
     with err_console.status("loading models") as status:

@@ -18,7 +18,7 @@ Three label families share the construction and differ by domain tag:
     unkeyed source used at repeated contexts, for diversity, and by `pfr-nowm`.
 
 This module is the numpy reference; `wmark._fastprf` (C) computes the same pivots many times
-faster for the detector, and `wmark.generator.prf_torch` ports `philox_uniforms` to torch.
+faster for the detector, and `wmark.generator.cuda.prf` ports `philox_uniforms` to torch.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Loading the models of an evaluation: one target and any number of drafters.
 
-A drafter is one of `--drafter`'s choices (`wmark.generator.drafters`: "ngram", "embedded",
+A drafter is one of `--drafter`'s choices (`wmark.generator.drafters.build`: "ngram", "embedded",
 "auto", a local model folder or a cached HF model id), or "target": the target itself drafting
 (same weights, its own session), the drafter-substitution ablation's largest drafter at no extra
 memory. Every drafter must share the target's tokenizer (speculative decoding needs one
@@ -17,9 +17,9 @@ from wmark.errors import BackendError, InputError
 from wmark.eval.prompts import Prompt
 from wmark.eval.runner import EvalModels
 from wmark.generator.backend import LanguageModel
-from wmark.generator.drafters import build_drafter, drafter_model_source
-from wmark.generator.hf_backend import HFModel
-from wmark.generator.loading import ModelPair, load_pair
+from wmark.generator.drafters.build import build_drafter, drafter_model_source
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.loading import ModelPair, load_pair
 
 __all__ = ["TARGET_AS_DRAFTER", "load_models", "prompt_encoder"]
 

@@ -37,7 +37,7 @@ from wmark.eval.prompts import load_prompt_set
 from wmark.eval.rows import EvalRow
 from wmark.eval.runner import Job, ResultsFile, RunInfo, expand_settings, lppl_key, plan_jobs, run_job
 from wmark.generator.engine import check_key_binding
-from wmark.generator.loading import ModelPair
+from wmark.generator.models.loading import ModelPair
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 from wmark.secret import Secret
@@ -300,7 +300,7 @@ class EvalSession:
             InputError: no rows yet (no key spec), or the target's tokenizer is not the run's.
         """
         from wmark.detector.tokenize import read_tokenizer_source
-        from wmark.generator.embedded import embedded_tokenizer_json
+        from wmark.generator.models.embedded import embedded_tokenizer_json
 
         if not self.info.spec:
             raise InputError(f"{self.config.out}: no results yet; run without --summary-only first")

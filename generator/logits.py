@@ -14,7 +14,6 @@ import numpy.typing as npt
 import torch
 
 from wmark.errors import InputError
-from wmark.generator import _topk
 
 __all__ = ["LogitsConfig", "Support", "supports"]
 
@@ -66,6 +65,8 @@ def _top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if x.device.type != "cpu" or k == x.shape[-1]:
         values, ids = torch.topk(x, k, dim=-1, sorted=True)
         return values, ids
+    from wmark.generator.cpu import _topk  # the CPU path's kernel: a CUDA run needs no C extension
+
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     values = torch.empty(rows.shape[0], k)
     ids = torch.empty(rows.shape[0], k, dtype=torch.int64)

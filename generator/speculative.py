@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from wmark.generator.blocks import Block, BlockInputs, Emission
 from wmark.generator.clocks import ClockPolicy, PathState
-from wmark.generator.draft_tree import DraftTree, Expand, commit, grow, verify
 from wmark.generator.logits import Support, supports
+from wmark.generator.sampler_tree import DraftTree, Expand, commit, grow, verify
 from wmark.race import mpfr_draws, race_winner
 
 __all__ = ["autoregressive_block", "race", "tree_block"]

@@ -30,8 +30,8 @@ import numpy.typing as npt
 
 from wmark.generator.blocks import Block, BlockInputs, Emission
 from wmark.generator.clocks import ClockPolicy
-from wmark.generator.draft_tree import DraftTree, Expand, commit, grow, verify
 from wmark.generator.logits import Support
+from wmark.generator.sampler_tree import DraftTree, Expand, commit, grow, verify
 from wmark.prf import seed_uniforms
 from wmark.race import race_winner
 

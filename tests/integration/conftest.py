@@ -18,7 +18,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from wmark.generator.hf_backend import HFModel, prepare_model
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.prepare import prepare_model
 
 TINY_VOCAB = 256
 TINY_EOS = 0

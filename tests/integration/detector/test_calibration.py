@@ -23,7 +23,7 @@ N_DOCS = 2000
 
 @pytest.fixture(scope="module")
 def embedded_tokenizer() -> TextTokenizer:
-    from wmark.generator.embedded import embedded_tokenizer_json
+    from wmark.generator.models.embedded import embedded_tokenizer_json
 
     return TextTokenizer(embedded_tokenizer_json(), "qwen2.5-coder")
 
@@ -52,7 +52,7 @@ def test_false_positive_rate_on_2000_human_documents(embedded_tokenizer, calibra
 
 
 def embedded_tokenizer_bytes(tok: TextTokenizer) -> bytes:
-    from wmark.generator.embedded import embedded_tokenizer_json
+    from wmark.generator.models.embedded import embedded_tokenizer_json
 
     data = embedded_tokenizer_json()
     assert hashlib.sha256(data).hexdigest() == tok.sha256

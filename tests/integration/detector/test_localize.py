@@ -93,7 +93,7 @@ def test_the_whole_document_test_alone_misses_what_the_window_finds(
 
 @pytest.fixture(scope="module")
 def qwen() -> tuple[TextTokenizer, bytes]:
-    from wmark.generator.embedded import embedded_tokenizer_json
+    from wmark.generator.models.embedded import embedded_tokenizer_json
 
     data = embedded_tokenizer_json()
     return TextTokenizer(data, "qwen2.5-coder"), data

@@ -18,8 +18,8 @@ from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.contexts import scored_positions
 from wmark.detector import Detector
 from wmark.generator.engine import SamplerConfig, generate
-from wmark.generator.hf_backend import HFModel
 from wmark.generator.logits import LogitsConfig, Support, supports
+from wmark.generator.models.hf_session import HFModel
 from wmark.prf import KeyedSource, seed_uniforms
 from wmark.race import race_winner
 

@@ -1,4 +1,4 @@
-"""4-bit drafter weights (`wmark.generator.draft_int4`): `linear4` computes the exact sums of the
+"""4-bit drafter weights (`wmark.generator.drafters.int4_weights`): `linear4` computes the exact sums of the
 4-bit values on every build, rows stay batch-invariant, and a drafter cut to 4 bits still drafts
 and leaves the text basic-uwm's."""
 
@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
-from wmark.generator import _int8_gemm
-from wmark.generator.draft_int4 import RowInt4Linear, cut_to_int4
+from wmark.generator.cpu import _int8_gemm
+from wmark.generator.cpu.rowwise import RowInt8Linear
+from wmark.generator.drafters.int4_weights import RowInt4Linear, cut_to_int4
 from wmark.generator.engine import SamplerConfig, generate
-from wmark.generator.fused import int8_layers
-from wmark.generator.hf_backend import HFModel, prepare_model
-from wmark.generator.lean_decoder import lean_decoder
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.models.fused import int8_layers
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.lean_decoder import lean_decoder
+from wmark.generator.models.prepare import prepare_model
 
 BACKENDS = _int8_gemm.backends()
 

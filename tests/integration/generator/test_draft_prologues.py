@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from wmark.generator import _int8_gemm, _tree_attention
-from wmark.generator.draft_int4 import RowInt4Linear
-from wmark.generator.rowwise import RowInt8Linear, set_gemm_threads
+from wmark.generator.cpu import _int8_gemm, _tree_attention
+from wmark.generator.cpu.rowwise import RowInt8Linear, set_gemm_threads
+from wmark.generator.drafters.int4_weights import RowInt4Linear
 
 F = np.float32
 BACKENDS = _int8_gemm.backends()  # this CPU's builds; "portable" runs everywhere

@@ -13,13 +13,14 @@ import torch
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.errors import InputError
-from wmark.generator.draft_head import TruncatedHead, truncate_head
-from wmark.generator.drafters import build_drafter, drafter_model_source
+from wmark.generator.drafters.build import build_drafter, drafter_model_source
+from wmark.generator.drafters.hybrid import PRIOR_RATE, PRIOR_WEIGHT, HybridDrafter, Rate, ShortMatchRule
+from wmark.generator.drafters.prompt_lookup import PromptLookup, SuffixIndex, lookup_trust
+from wmark.generator.drafters.truncated_head import TruncatedHead, truncate_head
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fakes import FakeLM
-from wmark.generator.hf_backend import HFModel, prepare_model
-from wmark.generator.hybrid_drafter import PRIOR_RATE, PRIOR_WEIGHT, HybridDrafter, Rate, ShortMatchRule
-from wmark.generator.prompt_lookup import PromptLookup, SuffixIndex, lookup_trust
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.prepare import prepare_model
 
 VOCAB = 256  # the tiny models of conftest.py
 EOS = 0

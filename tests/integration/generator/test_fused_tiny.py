@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up int8 projections give bit-identical logits (generator/fused.py), and an
+"""Fused q/k/v and gate/up int8 projections give bit-identical logits (generator/models/fused.py), and an
 int8 drafter on stock attention still leaves the text basic-uwm's."""
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ import hashlib
 
 import torch
 
-import wmark.generator.hf_backend as hf_backend
+import wmark.generator.models.prepare as prepare
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
+from wmark.generator.cpu.rowwise import RowInt8Linear, convert_linears, pack_int8
 from wmark.generator.engine import SamplerConfig, generate
-from wmark.generator.fused import FusedGroup, _Slice, fuse_projections, int8_layers, stack
-from wmark.generator.hf_backend import HFModel, prepare_model
-from wmark.generator.rowwise import RowInt8Linear, convert_linears, pack_int8
+from wmark.generator.models.fused import FusedGroup, _Slice, fuse_projections, int8_layers, stack
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.prepare import prepare_model
 
 EOS = frozenset({0})
 PROMPT = [17, 42, 99, 3, 250, 7, 128, 64, 5, 17, 42, 99]
@@ -30,7 +31,7 @@ def _logits(model: HFModel) -> torch.Tensor:
 def test_fused_projections_are_bit_identical(tiny_qwen, monkeypatch):
     base = tiny_qwen(3)
     fused = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu"), EOS)
-    monkeypatch.setattr(hf_backend, "fuse_projections", lambda _model: 0)
+    monkeypatch.setattr(prepare, "fuse_projections", lambda _model: 0)
     plain = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu"), EOS)
     layer = fused.model.model.layers[0]
     assert isinstance(layer.self_attn.k_proj, _Slice) and isinstance(layer.mlp.up_proj, _Slice)

@@ -17,8 +17,9 @@ from wmark.detector import Detector
 from wmark.generator.clocks import ClockKind, ClockPolicy
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.fakes import FakeLM
-from wmark.generator.hf_backend import HFModel, prepare_model
 from wmark.generator.logits import LogitsConfig
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.prepare import prepare_model
 from wmark.prf import KeyedSource
 
 VOCAB = 256  # the tiny models of conftest.py

@@ -14,10 +14,11 @@ from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_m
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from wmark import BackendError
-from wmark.generator import gguf_int8, int8_store
-from wmark.generator.embedded import EmbeddedModel, prepare
-from wmark.generator.hf_backend import HFModel, prepare_model
-from wmark.generator.loading import _load_model
+from wmark.generator.models import gguf_int8, int8_store
+from wmark.generator.models.embedded import EmbeddedModel, prepare
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.loading import _load_model
+from wmark.generator.models.prepare import prepare_model
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 
@@ -146,7 +147,7 @@ def test_a_corrupt_gguf_is_refused_before_conversion(embedded_tiny):
 def test_quantising_in_row_chunks_equals_quantising_the_whole_matrix(gguf_file):
     from gguf import GGUFReader, dequantize
 
-    from wmark.generator.rowwise import RowInt8Linear
+    from wmark.generator.cpu.rowwise import RowInt8Linear
 
     tensor = next(t for t in GGUFReader(gguf_file).tensors if t.name == "blk.0.ffn_down.weight")
     whole = RowInt8Linear.quantize(torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type))))

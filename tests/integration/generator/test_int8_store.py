@@ -1,4 +1,4 @@
-"""The packed int8 cache (generator/int8_store.py): written once from plain int8 weights, then
+"""The packed int8 cache (generator/models/int8_store.py): written once from plain int8 weights, then
 mapped as it is by every later load, with the same logits bit for bit."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import safetensors.torch
 import torch
 
 from wmark.errors import BackendError
-from wmark.generator import _int8_gemm, int8_store
-from wmark.generator.fused import _Slice
-from wmark.generator.hf_backend import HFModel, prepare_model
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.cpu import _int8_gemm
+from wmark.generator.cpu.rowwise import RowInt8Linear
+from wmark.generator.models import int8_store
+from wmark.generator.models.fused import _Slice
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.prepare import prepare_model
 
 PROMPT = [17, 42, 99, 3, 250, 7, 128, 64, 5, 17]
 

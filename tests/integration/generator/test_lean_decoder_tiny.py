@@ -1,4 +1,4 @@
-"""The lean decoder (generator/lean_decoder.py) computes what transformers' decoder
+"""The lean decoder (generator/models/lean_decoder.py) computes what transformers' decoder
 computes, on tree-shaped blocks over a growing cache, and a drafter running it keeps the text."""
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
-from wmark.generator import hf_backend, kv_cache
-from wmark.generator.drafters import build_drafter
+from wmark.generator.cpu.rowwise import RowInt8Linear
+from wmark.generator.drafters.build import build_drafter
+from wmark.generator.drafters.hybrid import HybridDrafter
 from wmark.generator.engine import SamplerConfig, generate
-from wmark.generator.fused import FusedGroup, _Slice, stack, stacked_layer
-from wmark.generator.hf_backend import HFModel, prepare_model
-from wmark.generator.hybrid_drafter import HybridDrafter
-from wmark.generator.kv_cache import session_cache
-from wmark.generator.lean_decoder import LeanDecoder, lean_decoder
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.models import hf_session, kv_cache
+from wmark.generator.models.fused import FusedGroup, _Slice, stack, stacked_layer
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.kv_cache import session_cache
+from wmark.generator.models.lean_decoder import LeanDecoder, lean_decoder
+from wmark.generator.models.prepare import prepare_model
 
 EOS = frozenset({0})
 PROMPT = [17, 42, 99, 3, 250, 7, 128, 64, 5, 17, 42, 99]
@@ -105,7 +106,7 @@ def test_the_kernel_loop_gives_the_per_layer_loops_bits(tiny_qwen, monkeypatch):
     )
     fast = _blocks(model)
     assert len(loops) == 2  # both tree blocks (the prompt's prefill takes SDPA)
-    monkeypatch.setattr(hf_backend, "session_cache", lambda config: DynamicCache(config=config))
+    monkeypatch.setattr(hf_session, "session_cache", lambda config: DynamicCache(config=config))
     reference = _blocks(model)
     assert len(loops) == 2
     assert torch.equal(fast, reference)
@@ -210,7 +211,7 @@ def test_an_int8_target_runs_exact_and_each_tree_row_gets_its_logits_alone(tiny_
 def test_a_drafter_tunes_its_thread_count_and_its_logits_do_not_move(tiny_qwen, monkeypatch):
     """build_drafter gives a draft model's lean decoder a thread tuner (the target's has none),
     and the forwards it runs on one thread or on two give the same bits."""
-    from wmark.generator import rowwise
+    from wmark.generator.cpu import rowwise
 
     monkeypatch.setattr(rowwise, "_GEMM_THREADS", 2)
     target = HFModel(prepare_model(tiny_qwen(3), "int8", "cpu"), EOS)

@@ -27,7 +27,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def pair():
-    from wmark.generator.loading import load_pair
+    from wmark.generator.models.loading import load_pair
 
     return load_pair("embedded", "embedded", precision="int8")
 

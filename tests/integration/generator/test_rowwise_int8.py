@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from wmark.generator import _int8_gemm
-from wmark.generator.rowwise import RowInt8Linear, gemm_threads, set_gemm_threads
+from wmark.generator.cpu import _int8_gemm
+from wmark.generator.cpu.rowwise import RowInt8Linear, gemm_threads, set_gemm_threads
 
 BACKENDS = _int8_gemm.backends()  # this CPU's builds, fastest first; "portable" runs everywhere
 PREFETCH = _int8_gemm.prefetch()  # this CPU's weight prefetch policy

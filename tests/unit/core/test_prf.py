@@ -61,7 +61,7 @@ def test_numpy_port_reproduces_golden_vectors(case, word_spec):
 def test_torch_port_reproduces_golden_vectors_bit_for_bit():
     import torch
 
-    from wmark.generator.prf_torch import seed_uniforms_torch, seed_words
+    from wmark.generator.cuda.prf import seed_uniforms_torch, seed_words
 
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:

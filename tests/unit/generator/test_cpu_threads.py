@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from wmark.generator import cpu_threads
+from wmark.generator.cpu import threads as cpu_threads
 
 
 def _stat(*cpus: tuple[int, int]) -> str:
@@ -77,8 +77,8 @@ def test_an_unreadable_proc_stat_plans_every_core(two_cores, monkeypatch):
 def test_applying_a_plan_sets_torch_the_gemm_and_the_wait():
     import torch
 
-    from wmark.generator import _int8_gemm
-    from wmark.generator.rowwise import gemm_threads, set_gemm_threads
+    from wmark.generator.cpu import _int8_gemm
+    from wmark.generator.cpu.rowwise import gemm_threads, set_gemm_threads
 
     before = torch.get_num_threads(), _int8_gemm.wait_policy()
     try:
@@ -102,8 +102,8 @@ def test_a_plan_moves_the_gemm_workers_and_never_the_caller():
     import numpy as np
     import torch
 
-    from wmark.generator import _int8_gemm
-    from wmark.generator.rowwise import RowInt8Linear, set_gemm_threads
+    from wmark.generator.cpu import _int8_gemm
+    from wmark.generator.cpu.rowwise import RowInt8Linear, set_gemm_threads
 
     before = torch.get_num_threads()
     layer = RowInt8Linear(*RowInt8Linear.quantize(_seeded_randn(64, 32)), None)

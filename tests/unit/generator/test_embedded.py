@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from wmark import BackendError
-from wmark.generator.embedded import EmbeddedModel, _assemble
+from wmark.generator.models.embedded import EmbeddedModel, _assemble
 
 
 @pytest.fixture()
@@ -49,7 +49,7 @@ def test_a_corrupt_part_is_refused_and_nothing_is_left_behind(parts, tmp_path):
 
 
 def test_every_real_part_is_installed():
-    from wmark.generator.embedded import DRAFTER, TARGET
+    from wmark.generator.models.embedded import DRAFTER, TARGET
 
     for model in (TARGET, DRAFTER):
         assert len(model.part_paths()) == model.parts  # installed by the [models] extra

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from wmark.generator import huge_pages
+from wmark.generator.cpu import huge_pages
 
 # Four 8 MB tensors: with the request torch marks each one MADV_HUGEPAGE, which the kernel shows
 # as the "hg" flag of the memory area holding it (/proc/self/smaps); nothing else sets that flag.
 _PROBE = """
 import sys
-from wmark.generator.huge_pages import prefer_huge_pages
+from wmark.generator.cpu.huge_pages import prefer_huge_pages
 if sys.argv[1] == "ask":
     prefer_huge_pages()
 import torch

@@ -10,8 +10,8 @@ import torch
 from transformers import Qwen2Config
 from transformers.cache_utils import DynamicLayer
 
-from wmark.generator.kv_cache import ROOM, SlabLayer, keep_entries, plan_moves, session_cache
-from wmark.generator.rowwise import tree_attention
+from wmark.generator.cpu.rowwise import tree_attention
+from wmark.generator.models.kv_cache import ROOM, SlabLayer, keep_entries, plan_moves, session_cache
 
 
 def _states(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:

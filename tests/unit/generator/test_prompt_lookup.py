@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from wmark.generator.prompt_lookup import DEEP_MATCH, SuffixIndex
+from wmark.generator.drafters.prompt_lookup import DEEP_MATCH, SuffixIndex
 
 
 def test_a_query_can_ask_for_a_longer_match_than_the_index():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from wmark.generator import rowwise
-from wmark.generator.thread_tuner import CLOSE, EXPLORE_RARELY, ThreadTuner
+from wmark.generator.cpu import rowwise
+from wmark.generator.cpu.thread_tuner import CLOSE, EXPLORE_RARELY, ThreadTuner
 
 
 def _probe(tuner: ThreadTuner, bucket: int, seconds: dict[int, float]) -> list[int]:

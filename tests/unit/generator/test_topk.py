@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from wmark.generator import _topk
+from wmark.generator.cpu import _topk
 from wmark.generator.logits import LogitsConfig, _top_k, supports
 
 

@@ -1,4 +1,4 @@
-"""The C tree-attention kernel (wmark.generator._tree_attention): each row's output is a function of
+"""The C tree-attention kernel (wmark.generator.cpu._tree_attention): each row's output is a function of
 its query and its visible keys in cache order only (bit for bit), and it is attention."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from wmark.generator import _tree_attention
-from wmark.generator.rowwise import rowwise_attention
+from wmark.generator.cpu import _tree_attention
+from wmark.generator.cpu.rowwise import rowwise_attention
 
 
 def _case(rng: np.random.Generator, heads: int, kv_heads: int, nq: int, nkv: int, dim: int):
@@ -123,7 +123,7 @@ def test_attention_and_gemm_calls_share_the_pool_from_many_threads():
     model on its own thread) take turns on the pool: every call gets the result it gets alone."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from wmark.generator import _int8_gemm
+    from wmark.generator.cpu import _int8_gemm
 
     rng = np.random.default_rng(5)
     q, k, v, visible = _case(rng, 12, 2, 9, 200, 128)

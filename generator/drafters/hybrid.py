@@ -1,6 +1,6 @@
 """The hybrid drafter: prompt lookup where the text repeats itself, a draft model elsewhere.
 
-At each context of the draft tree the n-gram proposal (`wmark.generator.prompt_lookup`) is used
+At each context of the draft tree the n-gram proposal (`wmark.generator.drafters.prompt_lookup`) is used
 when the committed text has a long enough earlier match; only the other contexts go to the
 model, and only then: a node is fed to the model (with any ancestors it has not seen yet) in the
 one batched forward of the level that needs it. A block drafted wholly from the text costs no
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wmark.generator.backend import LanguageModel, NodeTable, PrefillSession, Session
-from wmark.generator.prompt_lookup import (
+from wmark.generator.drafters.prompt_lookup import (
     DEEP_MATCH,
     MAX_MATCH,
     MIN_MATCH,

@@ -1,5 +1,5 @@
 /*
- * wmark.generator._topk: the k largest logits of each row, for the samplers' supports.
+ * wmark.generator.cpu._topk: the k largest logits of each row, for the samplers' supports.
  *
  * torch.topk over a 151,936-token vocabulary took ~0.3 ms a row on a 2-core Xeon, and a
  * speculative block asks for it on every drafted and verified row (~3 % of a block). Here one
@@ -171,7 +171,7 @@ static PyMethodDef methods[] = {
      "use_portable(flag): force (True) or release (False) the portable scan (for tests)."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.generator._topk",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.generator.cpu._topk",
                                     "The k largest logits of each row (see wmark.generator.logits).", -1,
                                     methods, NULL, NULL, NULL, NULL};
 

@@ -10,7 +10,7 @@ and plans (`ThreadPlan`):
   every op, so a thread on a busy core would hold each one up;
 - wmark's int8 GEMM, the bulk of a forward, runs on one thread more when a core is busy (at most
   one per allowed core), whose workers sleep between calls ("passive"): its calls hand out
-  chunks dynamically and never wait for a late thread (`wmark.generator._int8_gemm`), so the
+  chunks dynamically and never wait for a late thread (`wmark.generator.cpu._int8_gemm`), so the
   extra thread adds whatever share of the busy core the scheduler gives it, and a thread that
   sleeps between calls is run promptly when woken. On a 2-core Xeon with one core busy, this
   took `basic-uwm` from 0.62x to ~0.70x of its quiet speed (BENCHMARKS.md). On a quiet machine
@@ -201,8 +201,8 @@ def apply_threads(plan: ThreadPlan) -> None:
     the CPUs its workers run on (the calling thread is never moved)."""
     import torch  # not at import: the CLI imports this module before torch (prefer_passive_wait)
 
-    from wmark.generator import _int8_gemm
-    from wmark.generator.rowwise import set_gemm_threads
+    from wmark.generator.cpu import _int8_gemm
+    from wmark.generator.cpu.rowwise import set_gemm_threads
 
     torch.set_num_threads(plan.torch_threads)
     set_gemm_threads(plan.gemm_threads)

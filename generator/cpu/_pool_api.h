@@ -12,7 +12,7 @@
 
 #include <Python.h>
 
-#define WMARK_POOL_CAPSULE "wmark.generator._int8_gemm._pool_api"
+#define WMARK_POOL_CAPSULE "wmark.generator.cpu._int8_gemm._pool_api"
 
 /* Units first .. last (exclusive) of a call; ctx is the caller's. */
 typedef void (*wmark_units_fn)(void *ctx, Py_ssize_t first, Py_ssize_t last);

@@ -22,10 +22,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from wmark.errors import BackendError, InputError
-from wmark.generator import gguf_int8
-from wmark.generator.cpu_threads import apply_threads, plan_threads
-from wmark.generator.embedded import DRAFTER, TARGET, Weights, models_dir, prepare
-from wmark.generator.hf_backend import PRECISIONS, HFModel, prepare_model
+from wmark.generator.cpu.threads import apply_threads, plan_threads
+from wmark.generator.models import gguf_int8
+from wmark.generator.models.embedded import DRAFTER, TARGET, Weights, models_dir, prepare
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.prepare import PRECISIONS, prepare_model
 
 __all__ = ["ModelPair", "load_pair", "resolve_source"]
 
@@ -181,7 +182,7 @@ def load_pair(
         device: "cpu" or "cuda".
         precision: one of `PRECISIONS`; "auto" is int8 on CPU, bf16 on CUDA.
         threads: CPU threads for torch and the int8 GEMM; None: `$WMARK_THREADS`, else planned
-            from the cores free right now (`wmark.generator.cpu_threads.plan_threads`).
+            from the cores free right now (`wmark.generator.cpu.threads.plan_threads`).
         progress: called with a short description of each loading stage.
 
     Raises:

@@ -1,78 +1,30 @@
 """Hugging Face causal LMs behind the backend protocol: KV cache, tree attention, rollback.
 
 Only the public forward is used: `model(input_ids, cache=..., attention_mask=4D, position_ids=...)`.
-A session keeps the committed text in a KV cache that grows in place (`wmark.generator.kv_cache`;
+A session keeps the committed text in a KV cache that grows in place (`wmark.generator.models.kv_cache`;
 the prompt enters it in one prefill forward before the first block); speculative nodes are
 appended after it and see, through a 4D mask, the committed text plus their own ancestors, at
 position (committed length + depth - 1). `accept` keeps the committed entries and moves the
 accepted path's entries behind them in every layer (a crop cannot drop side branches). So a whole
 MPFR draft tree is one forward, and a rejected draft costs no recomputation.
 
-Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.rowwise`),
-"exact-fp32" (batch-invariant float32, slow: for small test models), "fp32", "bf16", "fp16"
-(stock kernels; GPU default bf16; near-ties may flip between block shapes, ~1e-7 noise).
+The model comes prepared for its precision (`wmark.generator.models.prepare`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import PreTrainedModel
 
-from wmark.errors import BackendError
-from wmark.generator import int8_store
 from wmark.generator.backend import NodeTable
-from wmark.generator.fused import fuse_projections, int8_layers
-from wmark.generator.kv_cache import keep_entries, session_cache
-from wmark.generator.lean_decoder import LeanDecoder, lean_decoder
-from wmark.generator.rowwise import (
-    ATTENTION_NAME,
-    convert_linears,
-    pack_int8,
-    rowwise_attention,
-    stock_attention,
-)
+from wmark.generator.cpu.rowwise import ATTENTION_NAME, stock_attention
+from wmark.generator.models.kv_cache import keep_entries, session_cache
+from wmark.generator.models.lean_decoder import LeanDecoder, lean_decoder
 
-__all__ = ["PRECISIONS", "HFModel", "HFSession", "prepare_model"]
-
-PRECISIONS = ("auto", "int8", "exact-fp32", "fp32", "bf16", "fp16")
-AttentionInterface.register(ATTENTION_NAME, rowwise_attention)
-
-
-def prepare_model(
-    model: PreTrainedModel, precision: str, device: str, *, int8_cache: Path | None = None
-) -> PreTrainedModel:
-    """Cast/convert a loaded model for `precision` on `device` and put it in eval mode.
-
-    `int8_cache`: where the int8 weights are kept between loads. A packed cache
-    (`wmark.generator.int8_store`) is memory-mapped as it is; otherwise the linear layers are
-    converted (from the plain int8 weights that file may hold, else quantised), fused, packed,
-    and the packed result replaces the file.
-    """
-    if precision in ("int8", "exact-fp32"):
-        if device != "cpu":
-            raise BackendError(f"precision {precision} is CPU-only; use bf16, fp16 or fp32 on {device}")
-        model = model.to(torch.float32)
-        if precision == "int8" and int8_cache is not None and int8_store.is_packed(int8_cache):
-            int8_store.load(model, int8_cache)
-        else:
-            convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
-        if precision == "int8":
-            fuse_projections(model)  # q/k/v and gate/up as one GEMM each: same numbers, less overhead
-            pack_int8(int8_layers(model), workers=torch.get_num_threads())
-            if int8_cache is not None and not int8_store.is_packed(int8_cache):
-                int8_store.save(model, int8_cache)
-        model.config._attn_implementation = ATTENTION_NAME
-        for sub in model.modules():  # every layer reads the implementation from its config
-            if hasattr(sub, "config"):
-                sub.config._attn_implementation = ATTENTION_NAME
-    else:
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-        model = model.to(device=device, dtype=dtype)
-    return model.eval()
+__all__ = ["HFModel", "HFSession"]
 
 
 class HFSession:
@@ -210,11 +162,11 @@ class HFModel:
             tokenizer are refused by `generate`.
 
     `exact_attention` (True): with the int8 precision, attention row by row (batch-invariant).
-    A drafter may set it False (`wmark.generator.drafters.build_drafter` does): its forwards
+    A drafter may set it False (`wmark.generator.drafters.build.build_drafter` does): its forwards
     then run `stock_attention` (one SDPA call per layer), cheaper, with rounding that depends
     on the block's shape, which a drafter can afford since it only proposes. `lean`: the
     session's forwards (not the prompt's prefill) skip transformers' generic decoder for
-    `wmark.generator.lean_decoder.LeanDecoder`: an exact one for an int8 model (batch-invariant
+    `wmark.generator.models.lean_decoder.LeanDecoder`: an exact one for an int8 model (batch-invariant
     like the rest of the int8 path), set here; `build_drafter` gives a drafter its own.
     """
 

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from wmark.generator import _int8_gemm
-from wmark.generator.fused import replace_int8_layers
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.cpu import _int8_gemm
+from wmark.generator.cpu.rowwise import RowInt8Linear
+from wmark.generator.models.fused import replace_int8_layers
 
 __all__ = ["RowInt4Linear", "cut_to_int4", "int4_pays"]
 

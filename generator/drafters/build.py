@@ -1,31 +1,31 @@
 """`--drafter ngram|embedded|auto|PATH`: which drafter proposes, and which model that needs loaded.
 
-- `ngram`: prompt lookup alone (`wmark.generator.prompt_lookup`): no model, no drafter forward.
+- `ngram`: prompt lookup alone (`wmark.generator.drafters.prompt_lookup`): no model, no drafter forward.
 - `embedded`: the embedded 0.5B drafter, its output layer cut to the common tokens
-  (`wmark.generator.draft_head`).
+  (`wmark.generator.drafters.truncated_head`).
 - `auto` (default): prompt lookup where the text repeats, the embedded drafter elsewhere
-  (`wmark.generator.hybrid_drafter`); with a target other than the embedded one, prompt lookup.
+  (`wmark.generator.drafters.hybrid`); with a target other than the embedded one, prompt lookup.
 - a model folder or cached HF id: that model as it is.
 
 A draft model attends with stock SDPA (`HFModel.exact_attention` off) unless it is the target
 itself: it only proposes, so the batch invariance the target needs buys it nothing. For the same
 reason its int8 layers are cut to 4-bit weights where the CPU runs them vectorised
-(`wmark.generator.draft_int4`: half the bytes a memory-bound forward reads). Its forwards also
+(`wmark.generator.drafters.int4_weights`: half the bytes a memory-bound forward reads). Its forwards also
 bypass transformers' generic decoder where the architecture allows
-(`wmark.generator.lean_decoder`).
+(`wmark.generator.models.lean_decoder`).
 Every choice leaves the text unchanged (the target's race winners); it moves speed only.
 """
 
 from __future__ import annotations
 
 from wmark.generator.backend import LanguageModel
-from wmark.generator.draft_head import TruncatedHead, truncate_head
-from wmark.generator.draft_int4 import cut_to_int4, int4_pays
-from wmark.generator.hf_backend import HFModel
-from wmark.generator.hybrid_drafter import HybridDrafter
-from wmark.generator.lean_decoder import lean_decoder
+from wmark.generator.drafters.hybrid import HybridDrafter
+from wmark.generator.drafters.int4_weights import cut_to_int4, int4_pays
+from wmark.generator.drafters.prompt_lookup import PromptLookup
+from wmark.generator.drafters.truncated_head import TruncatedHead, truncate_head
+from wmark.generator.models.hf_session import HFModel
+from wmark.generator.models.lean_decoder import lean_decoder
 from wmark.generator.names import AUTO, EMBEDDED, NGRAM
-from wmark.generator.prompt_lookup import PromptLookup
 
 __all__ = ["build_drafter", "drafter_model_source"]
 

@@ -37,10 +37,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from wmark.generator import _tree_attention
-from wmark.generator.fused import stacked_layer
-from wmark.generator.kv_cache import SlabLayer
-from wmark.generator.rowwise import (
+from wmark.generator.cpu import _tree_attention
+from wmark.generator.cpu.rowwise import (
     RMS_NORM,
     SWIGLU,
     RowInt8Linear,
@@ -48,7 +46,9 @@ from wmark.generator.rowwise import (
     tree_attention,
     visible_keys,
 )
-from wmark.generator.thread_tuner import ThreadTuner
+from wmark.generator.cpu.thread_tuner import ThreadTuner
+from wmark.generator.models.fused import stacked_layer
+from wmark.generator.models.kv_cache import SlabLayer
 
 __all__ = ["LeanDecoder", "lean_decoder"]
 
@@ -111,7 +111,7 @@ class LeanDecoder:
             a row's numbers depend on that row alone (a target's forwards; the prompt's prefill
             does not run here). Otherwise forwards of more than 32 rows take SDPA (a drafter).
         tune_threads: int8 forwards of up to 32 rows run on the thread count measured fastest
-            for their row count (`wmark.generator.thread_tuner`), not always on the plan's. For
+            for their row count (`wmark.generator.cpu.thread_tuner`), not always on the plan's. For
             draft models (`build_drafter`): a small model's forward sits near the point where a
             second thread stops paying (it lost from one where torch's OpenMP threads spin). A
             target's never came near it, and probing it on one thread cost more than it could

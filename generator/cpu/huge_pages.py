@@ -11,7 +11,7 @@ pages cost no memory to speak of.
 
 Torch reads the variable once, at its first allocation (during `import torch`), so the CLI
 calls `prefer_huge_pages` before any command imports torch, as it does for the OpenMP wait
-policy (`wmark.generator.cpu_threads.prefer_passive_wait`).
+policy (`wmark.generator.cpu.threads.prefer_passive_wait`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ like any drafter's, so MPFR draws its B drafts from it on the same clocks (a con
 by two different continuations offers both), and the text stays the target's race winners:
 the drafter changes block lengths only. Where nothing matches, the drafter has no distribution
 (an all -inf row): the sampler drafts nothing there (`PromptLookup` alone) or asks a model
-(`wmark.generator.hybrid_drafter`).
+(`wmark.generator.drafters.hybrid`).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from wmark.generator.hf_backend import HFModel
-from wmark.generator.rowwise import RowFloatLinear, RowInt8Linear
+from wmark.generator.cpu.rowwise import RowFloatLinear, RowInt8Linear
+from wmark.generator.models.hf_session import HFModel
 
 __all__ = ["DRAFT_VOCAB", "TruncatedHead", "truncate_head"]
 

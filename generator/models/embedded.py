@@ -155,7 +155,7 @@ def prepare(
                 progress("tokenizer", 0, 1)
             AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name).save_pretrained(staging)
         if weights == "int8":
-            from wmark.generator import gguf_int8
+            from wmark.generator.models import gguf_int8
 
             gguf_int8.convert(gguf, staging, (lambda d, t: progress("int8", d, t)) if progress else None)
         elif weights == "float32":
@@ -182,7 +182,7 @@ def _dequantise(gguf: Path, staging: Path, progress: Callable[[str, int, int], N
 
 def _has_weights(path: Path, weights: Weights) -> bool:
     if weights == "int8":
-        from wmark.generator.gguf_int8 import has_int8
+        from wmark.generator.models.gguf_int8 import has_int8
 
         return has_int8(path)
     if weights == "float32":

@@ -15,7 +15,7 @@ one forward in `EXPLORE_EVERY` while the two are within `CLOSE` of each other, o
 `EXPLORE_RARELY` when the loser is clearly slower (each probe costs the difference).
 
 The choice changes nothing but speed: the int8 GEMM and the tree attention give the same bits
-on any number of threads (`wmark.generator._int8_gemm`, `_tree_attention`). Draft models use it
+on any number of threads (`wmark.generator.cpu._int8_gemm`, `_tree_attention`). Draft models use it
 (`LeanDecoder(tune_threads=True)`); the target's forwards always gain from every thread.
 """
 
@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from wmark.generator.rowwise import gemm_threads, gemm_threads_for
+from wmark.generator.cpu.rowwise import gemm_threads, gemm_threads_for
 
 __all__ = ["CLOSE", "EXPLORE_EVERY", "EXPLORE_RARELY", "PROBES", "ThreadTuner"]
 

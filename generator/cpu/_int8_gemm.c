@@ -1,5 +1,5 @@
 /*
- * wmark.generator._int8_gemm: the exact int8 GEMM of the batch-invariant CPU path.
+ * wmark.generator.cpu._int8_gemm: the exact int8 GEMM of the batch-invariant CPU path.
  *
  * A linear layer y = x W^T + b with int8 weights (a scale per output channel) and int8
  * activations (a scale per row): each row of x is quantised with its own peak, the integer
@@ -29,7 +29,7 @@
  * packed layout as it is (a tile's group of 4 columns is one 64-byte row of a B tile for 16
  * channels). Fewer rows, or widths that are not a multiple of 64, run the avx512vnni code.
  * linear4 runs the VNNI loop (or portable C) over 4-bit weights, two a byte, unpacked to the
- * same registers (draft models only: wmark.generator.draft_int4).
+ * same registers (draft models only: wmark.generator.drafters.int4_weights).
  * Compile with -ffp-contract=off: the scaling is two multiplications and an addition, in that
  * order, never fused, so it rounds like the torch expression it replaced.
  */
@@ -1332,8 +1332,8 @@ static PyMethodDef methods[] = {
      "taking that core from it when another process holds the other one."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.generator._int8_gemm",
-                                    "Exact int8 GEMM (see wmark.generator.rowwise).", -1, methods, NULL, NULL,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.generator.cpu._int8_gemm",
+                                    "Exact int8 GEMM (see wmark.generator.cpu.rowwise).", -1, methods, NULL, NULL,
                                     NULL, NULL};
 
 PyMODINIT_FUNC PyInit__int8_gemm(void) {

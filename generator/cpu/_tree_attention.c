@@ -1,5 +1,5 @@
 /*
- * wmark.generator._tree_attention: batch-invariant attention for speculative verification.
+ * wmark.generator.cpu._tree_attention: batch-invariant attention for speculative verification.
  *
  * Each query row attends to exactly the keys its mask row marks visible, in cache order, and
  * every number it computes depends on that row's query and those keys only: the dot products
@@ -418,8 +418,8 @@ static PyMethodDef methods[] = {
      "use_baseline(flag): force (True) or release (False) the portable build (for tests)."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.generator._tree_attention",
-                                    "Batch-invariant tree attention (see wmark.generator.rowwise).", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.generator.cpu._tree_attention",
+                                    "Batch-invariant tree attention (see wmark.generator.cpu.rowwise).", -1,
                                     methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__tree_attention(void) {
@@ -431,7 +431,7 @@ PyMODINIT_FUNC PyInit__tree_attention(void) {
 #endif
     /* (PyCapsule_Import would look the module up as attributes of its parents, which a
      * package that is still importing does not have yet) */
-    PyObject *gemm = PyImport_ImportModule("wmark.generator._int8_gemm");
+    PyObject *gemm = PyImport_ImportModule("wmark.generator.cpu._int8_gemm");
     PyObject *capsule = gemm != NULL ? PyObject_GetAttrString(gemm, "_pool_api") : NULL;
     pool = capsule != NULL ? PyCapsule_GetPointer(capsule, WMARK_POOL_CAPSULE) : NULL;
     Py_XDECREF(capsule); /* the module keeps the capsule, and its pointer, alive */

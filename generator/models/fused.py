@@ -23,7 +23,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.cpu.rowwise import RowInt8Linear
 
 __all__ = [
     "GROUPS",

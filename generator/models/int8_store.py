@@ -1,6 +1,6 @@
 """The int8 model cache in the GEMM kernel's layout: packed once, memory-mapped by every later load.
 
-A model's int8 layers are stored after fusing (`wmark.generator.fused`), each as the kernel's
+A model's int8 layers are stored after fusing (`wmark.generator.models.fused`), each as the kernel's
 packed weights (`<name>.packed`, uint8), its channels' weight sums (`<name>.colsum`, int32) and
 its channel scales (`<name>.scale`, float64), where `<name>` is the layer's module path or its
 fused group's name (`fused.group_name`). Biases stay with the model (its dense weights).
@@ -30,8 +30,8 @@ from safetensors import safe_open
 from torch import nn
 
 from wmark.errors import BackendError
-from wmark.generator.fused import GROUPS, group_name, install_group, stacked_bias, stacked_layer
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.cpu.rowwise import RowInt8Linear
+from wmark.generator.models.fused import GROUPS, group_name, install_group, stacked_bias, stacked_layer
 
 __all__ = ["FORMAT", "is_packed", "load", "save"]
 

@@ -6,7 +6,7 @@ in the two cases, so logits differ by ~1e-7 and a near-tie in the race can flip:
 text would then depend on the drafter. These kernels remove that:
 
 - `RowInt8Linear`: int8 weights (per output channel) times int8 activations with a scale per
-  row (W8A8), through wmark's own GEMM (`wmark.generator._int8_gemm`): each row is quantised
+  row (W8A8), through wmark's own GEMM (`wmark.generator.cpu._int8_gemm`): each row is quantised
   with its own peak and its integer products are summed exactly, so no row sees another, and
   the sums are the same on every CPU (AVX-512 VNNI, AVX2 and portable builds). Its weights are
   packed in a layout that is stored in the model cache and memory-mapped at load.
@@ -39,7 +39,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from wmark.generator import _int8_gemm, _tree_attention
+from wmark.generator.cpu import _int8_gemm, _tree_attention
 
 __all__ = [
     "ATTENTION_NAME",
@@ -73,7 +73,7 @@ def set_gemm_threads(threads: int | None) -> None:
 
     Process-wide, like `torch.set_num_threads`, and separate from it: the GEMM never waits for a
     late thread, so it may use a core that torch's ops would be held up by
-    (`wmark.generator.cpu_threads.plan_threads`).
+    (`wmark.generator.cpu.threads.plan_threads`).
     """
     global _GEMM_THREADS
     if threads is not None and threads < 1:
@@ -91,7 +91,7 @@ def gemm_threads() -> int:
 def gemm_threads_for(threads: int | None) -> Iterator[None]:
     """Within the block, this Python thread's kernel calls run on `threads` (None: the
     process-wide count). A forward's result does not depend on it (which thread computes a
-    tile or a row does not change its bits), only its speed: `wmark.generator.thread_tuner`
+    tile or a row does not change its bits), only its speed: `wmark.generator.cpu.thread_tuner`
     picks it per forward shape from measurement."""
     before = getattr(_LOCAL, "threads", None)
     _LOCAL.threads = threads
@@ -217,7 +217,7 @@ class RowInt8Linear(nn.Module):
         """This layer of RMSNorm(x) * norm, the norm computed inside the kernel call.
 
         Row-local and deterministic (batch-invariant, as the layer itself), but not torch's
-        `rms_norm` bit for bit (`wmark.generator.lean_decoder` runs it).
+        `rms_norm` bit for bit (`wmark.generator.models.lean_decoder` runs it).
         """
         return self._run(x, self.in_features, RMS_NORM, norm.detach().to(torch.float32).contiguous(), eps)
 
@@ -304,7 +304,7 @@ def convert_linears(model: nn.Module, kind: str, int8_weights: Path | None = Non
         model: the model, modified in place.
         kind: "int8" or "fp32".
         int8_weights: a safetensors file of plain int8 weights (`<name>.q`, `<name>.scale`, as
-            `wmark.generator.gguf_int8.convert` writes them): layers found there take those,
+            `wmark.generator.models.gguf_int8.convert` writes them): layers found there take those,
             the others are quantised from their float weights.
     """
     targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
@@ -379,7 +379,7 @@ def tree_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor, scaling: float
 ) -> torch.Tensor:
     """Each query row's attention over exactly its visible keys, in cache order (the C kernel of
-    `wmark.generator._tree_attention`): a row's numbers depend on its query and those keys only.
+    `wmark.generator.cpu._tree_attention`): a row's numbers depend on its query and those keys only.
     A large enough call runs its (row, key/value head) units on the GEMM's `gemm_threads()`.
 
     Args:
@@ -420,7 +420,7 @@ def tree_attention(
 def _heads(states: torch.Tensor) -> tuple[Any, int] | None:
     """(kv_heads, stride, d) buffer holding `states` (1, kv_heads, n, d) as each head's first n
     rows, and the stride, without a copy where `states` is the front of a larger cache
-    (`wmark.generator.kv_cache`); None where it is laid out otherwise."""
+    (`wmark.generator.models.kv_cache`); None where it is laid out otherwise."""
     _, kv_heads, n, dim = states.shape
     if states.stride(-1) != 1 or states.stride(-2) != dim or states.stride(1) % dim:
         return None

@@ -31,8 +31,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from wmark.errors import BackendError
-from wmark.generator import int8_store
-from wmark.generator.rowwise import RowInt8Linear
+from wmark.generator.cpu.rowwise import RowInt8Linear
+from wmark.generator.models import int8_store
 
 __all__ = ["DENSE_FILE", "INT8_FILE", "GGUFEmbedding", "convert", "has_int8", "load"]
 
@@ -178,7 +178,7 @@ def load(path: Path) -> PreTrainedModel:
     Those weights are left uninitialised (never touched, so never in memory): pass
     `int8_cache=path / INT8_FILE` to `prepare_model(..., "int8")`, which replaces every linear
     layer from that file (and, the first time, rewrites it in the GEMM kernel's packed layout:
-    `wmark.generator.int8_store`).
+    `wmark.generator.models.int8_store`).
     """
     model = _skeleton(AutoConfig.from_pretrained(str(path)), meta=False)
     if not int8_store.is_packed(path / INT8_FILE):  # (a packed cache is checked as it is read)
