@@ -7,7 +7,8 @@ detection.verdict, detection.p_value
 
 from __future__ import annotations
 
-from wmark.detector.detect import Detector, KeyPivots, detect, holm_adjust, key_pivots
+from wmark.detector.detect import Detector, detect
+from wmark.detector.keytest import KeyPivots, holm_adjust, key_pivots
 from wmark.detector.result import Detection, KeyResult, TokenEvidence, Verdict
 from wmark.detector.tokenize import TextTokenizer, read_tokenizer_source
 

@@ -28,15 +28,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wmark.detector.detect import (
-    Detector,
-    Encodings,
-    KeyScore,
-    check_alpha,
-    check_text,
-    choose_verdict,
-    holm_adjust,
-)
+from wmark.detector.checks import check_alpha, check_text
+from wmark.detector.detect import Detector
+from wmark.detector.encoding import Encodings
+from wmark.detector.keytest import KeyScore, choose_verdict, holm_adjust
 from wmark.detector.result import Verdict
 from wmark.errors import InputError, WmarkError
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wmark.detector.detect import check_unicode
+from wmark.detector.checks import check_unicode
 from wmark.detector.localize import DEFAULT_MIN_WINDOW
 from wmark.errors import InputError, TokenizerError
 from wmark.keymaterial import KeyMaterial
