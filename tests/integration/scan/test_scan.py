@@ -24,8 +24,9 @@ from sqlalchemy import create_engine, text
 
 from wmark.errors import InputError
 from wmark.scan.journal import Journal
+from wmark.scan.loop import run_scan
 from wmark.scan.rows import COLUMNS, ScanRow
-from wmark.scan.scan import run_scan, scan
+from wmark.scan.scan import scan
 from wmark.scan.sources import Document, SourceOptions
 from wmark.scan.workers import Batch, InlineExecutor, PoolExecutor, WorkerConfig, detect_batch
 
