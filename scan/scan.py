@@ -22,7 +22,8 @@ from wmark.scan.batches import BATCH_DOCS
 from wmark.scan.journal import Journal, output_format
 from wmark.scan.loop import ScanProgress, run_scan
 from wmark.scan.rows import ScanSummary
-from wmark.scan.sources import FileSource, SourceOptions, SqlSource
+from wmark.scan.sources import FileSource, SourceOptions
+from wmark.scan.sql_source import SqlSource
 from wmark.scan.workers import (
     DaskExecutor,
     Executor,

@@ -25,7 +25,8 @@ from sqlalchemy import create_engine, text
 
 from wmark.errors import InputError
 from wmark.scan.formats import visible_text
-from wmark.scan.sources import FileSource, SourceOptions, SqlSource
+from wmark.scan.sources import FileSource, SourceOptions
+from wmark.scan.sql_source import SqlSource
 
 HTML = """<!doctype html><html><head><title>Not shown</title><style>p {color: red}</style>
 <script>var shown = false;</script></head>
