@@ -1,4 +1,4 @@
-"""Type stub of the C extension (see _int8_gemm.c)."""
+"""Type stub of the C extension (see _int8_gemm.h; its methods are in _int8_gemm_module.c)."""
 
 from collections.abc import Sequence
 from typing import Any

@@ -1,0 +1,72 @@
+/*
+ * _int8_gemm's AVX2 kernel (see _int8_gemm.h for the module): the "avx2" build's tiles, for
+ * x86-64 CPUs with AVX2 and without AVX-512 VNNI. vpmaddubsw multiplies |q| (the job's aux) by
+ * the weights with q's sign: a pair of products is at most 2 x 127 x 127 and fits int16 without
+ * saturating, and vpmaddwd adds the pairs into int32, so the sums are exact, as in every build.
+ * Built for baseline x86-64 but for its functions' target("avx2"): it runs only where
+ * PyInit__int8_gemm found AVX2.
+ */
+#include "_int8_gemm.h"
+
+#ifdef WMARK_X86
+#define ROWS_256 4 /* rows sharing each weight load (AVX2: 8 accumulators of 16) */
+
+/*
+ * The micro-kernels keep their accumulators in named variables (one per row and register of
+ * channels), not an array: GCC kept an array in memory and stored every accumulator once per
+ * group of 4 columns. `rows` is a constant at every call, so the unused rows compile away.
+ */
+
+/* ---- AVX2: 16 channels (half a tile) x up to ROWS_256 rows per pass ---- */
+#define AVX2_ROW(r)                                                                                  \
+    if (rows > r) {                                                                                  \
+        const __m256i s = _mm256_set1_epi32(load4(q + r * kp + 4 * g));                               \
+        const __m256i u = _mm256_set1_epi32(load4(mag + r * kp + 4 * g));                             \
+        c##r##0 = _mm256_add_epi32(c##r##0,                                                          \
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(w0, s)), ones)); \
+        c##r##1 = _mm256_add_epi32(c##r##1,                                                          \
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(w1, s)), ones)); \
+    }
+
+__attribute__((target("avx2"), always_inline)) static inline void half_avx2(const job_t *job, Py_ssize_t t,
+                                                                              int half, Py_ssize_t r0,
+                                                                              const int rows) {
+    const uint8_t *w = job->packed + t * job->groups * GROUP + half * 64;
+    const Py_ssize_t kp = job->groups * 4;
+    const int8_t *q = job->q + r0 * kp;
+    const uint8_t *mag = job->aux + r0 * kp;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+            c31 = c00;
+    for (Py_ssize_t g = 0; g < job->groups; g++) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP + 32));
+        AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3)
+    }
+    const __m256i acc[ROWS_256][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+    const Py_ssize_t c0 = t * TILE + half * 16;
+    for (int r = 0; r < rows; r++) {
+        int32_t sums[16];
+        _mm256_storeu_si256((__m256i *)sums, acc[r][0]);
+        _mm256_storeu_si256((__m256i *)(sums + 8), acc[r][1]);
+        float *out = job->out + (r0 + r) * job->n;
+        const float rs = job->rowscale[r0 + r];
+        for (int j = 0; j < 16 && c0 + j < job->n; j++)
+            out[c0 + j] = finish(sums[j], job->scale[c0 + j], rs, job->bias, c0 + j);
+    }
+}
+
+__attribute__((target("avx2"))) void wmark_tile_avx2(const job_t *job, Py_ssize_t t) {
+    for (int half = 0; half < 2; half++) {
+        if (t * TILE + half * 16 >= job->n) break;
+        Py_ssize_t r0 = 0;
+        for (; r0 + ROWS_256 <= job->m; r0 += ROWS_256) half_avx2(job, t, half, r0, ROWS_256);
+        switch (job->m - r0) {
+            case 3: half_avx2(job, t, half, r0, 3); break;
+            case 2: half_avx2(job, t, half, r0, 2); break;
+            case 1: half_avx2(job, t, half, r0, 1); break;
+            default: break;
+        }
+    }
+}
+#endif

@@ -1,0 +1,80 @@
+/*
+ * _int8_gemm's tiles phase (see _int8_gemm.h for the module): which kernel runs a job's tiles
+ * (wmark_run_tiles, called by the pool for each chunk), and the portable C kernels, 8-bit and
+ * 4-bit weights, that run where no vector build does (and that tests compare the others with).
+ * Everything here builds for baseline x86-64 (no target attributes): the dispatch runs on every
+ * CPU, and calls the vector kernels of _int8_gemm_{avx2,vnni,amx}.c only when the job's build
+ * is one this CPU has.
+ */
+#include "_int8_gemm.h"
+
+static void tile_portable(const job_t *job, Py_ssize_t t) {
+    const uint8_t *w = job->packed + t * job->groups * GROUP;
+    const Py_ssize_t c0 = t * TILE, kp = job->groups * 4;
+    for (Py_ssize_t r = 0; r < job->m; r++) {
+        const int8_t *a = job->q + r * kp;
+        int32_t sums[TILE] = {0};
+        for (Py_ssize_t g = 0; g < job->groups; g++) {
+            const int8_t *wg = (const int8_t *)(w + g * GROUP);
+            const int8_t *ag = a + 4 * g;
+            for (int j = 0; j < TILE; j++)
+                sums[j] += ag[0] * wg[4 * j] + ag[1] * wg[4 * j + 1] + ag[2] * wg[4 * j + 2] + ag[3] * wg[4 * j + 3];
+        }
+        for (int j = 0; j < TILE && c0 + j < job->n; j++)
+            job->out[r * job->n + c0 + j] = finish(sums[j], job->scale[c0 + j], job->rowscale[r], job->bias, c0 + j);
+    }
+}
+
+/* A 4-bit weight: byte p (0-127) of a group in the 8-bit layout, stored as a nibble plus 8. */
+static inline int nibble(const uint8_t *group, int p) {
+    return (p < 64 ? group[p] & 15 : group[p - 64] >> 4) - 8;
+}
+
+static void tile_portable4(const job_t *job, Py_ssize_t t) {
+    const uint8_t *w = job->packed + t * job->groups * GROUP4;
+    const Py_ssize_t c0 = t * TILE, kp = job->groups * 4;
+    for (Py_ssize_t r = 0; r < job->m; r++) {
+        const int8_t *a = job->q + r * kp;
+        int32_t sums[TILE] = {0};
+        for (Py_ssize_t g = 0; g < job->groups; g++) {
+            const uint8_t *wg = w + g * GROUP4;
+            const int8_t *ag = a + 4 * g;
+            for (int j = 0; j < TILE; j++)
+                for (int i = 0; i < 4; i++) sums[j] += ag[i] * nibble(wg, 4 * j + i);
+        }
+        for (int j = 0; j < TILE && c0 + j < job->n; j++)
+            job->out[r * job->n + c0 + j] = finish(sums[j], job->scale[c0 + j], job->rowscale[r], job->bias, c0 + j);
+    }
+}
+
+void wmark_run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
+#ifdef WMARK_AMX
+    if (job->backend == AMX_TILES) {
+        wmark_range_amx(job, first, last);
+        return;
+    }
+#endif
+    for (Py_ssize_t t = first; t < last; t++) {
+        if (job->nibbles) {
+#ifdef WMARK_X86
+            if (job->backend == AVX512VNNI) {
+                wmark_tile_vnni4(job, t);
+                continue;
+            }
+#endif
+            tile_portable4(job, t);
+            continue;
+        }
+#ifdef WMARK_X86
+        if (job->backend == AVX512VNNI) {
+            wmark_tile_vnni(job, t);
+            continue;
+        }
+        if (job->backend == AVX2) {
+            wmark_tile_avx2(job, t);
+            continue;
+        }
+#endif
+        tile_portable(job, t);
+    }
+}
