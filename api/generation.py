@@ -26,7 +26,7 @@ from wmark.api.generate_settings import GenerationSettings
 from wmark.api.metrics import Metrics
 from wmark.errors import WmarkError
 from wmark.generator.backend import LanguageModel
-from wmark.generator.cpu.threads import CoreMeter, ThreadPlan, apply_threads
+from wmark.generator.cpu.threads import CoreMeter, ThreadPlan
 from wmark.generator.drafters.build import build_drafter, drafter_model_source
 from wmark.generator.engine import METHODS, SamplerConfig, check_key_binding, generate
 from wmark.generator.logits import LogitsConfig
@@ -234,7 +234,7 @@ class Generation:
         started = time.monotonic()
         if self._meter is not None and (plan := self._meter.plan()) is not None and plan != self._plan:
             log.info("CPU threads now: torch %d, int8 GEMM %d (%s wait)", *dataclasses.astuple(plan))
-            apply_threads(plan)
+            self.pair.use_threads(plan)
             self._plan = plan
         try:
             result = generate(

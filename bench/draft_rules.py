@@ -157,8 +157,8 @@ def main() -> None:
         elif getattr(built, "model", None) is pair.drafter:
             built.model = counted_drafter  # type: ignore[attr-defined]
         drafters[name] = built
-    if pair.drafter.lean is not None:
-        pair.drafter.lean.tuner = None  # fixed threads: the table must price what the runs do
+    if pair.drafter.plan.decoder is not None:
+        pair.drafter.plan.decoder.tuner = None  # fixed threads: the table must price what the runs do
 
     ids = pair.encode_prompt("Summarise in detail how photosynthesis works, step by step. " * 30)
     tables = {

@@ -15,6 +15,7 @@ time at more), so that other processes' load counts less.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -64,6 +65,7 @@ def main() -> None:
     ids = pair.encode_prompt("Explain in detail how photosynthesis works, step by step. " * 30)[:240]
     swaps = {role: _swaps(model.model) for role, model in models.items()}
     sessions = {role: model.session(ids[:200]) for role, model in models.items()}
+    plans = {role: model.plan for role, model in models.items()}
     for session in sessions.values():
         session.extend([], [])
 
@@ -73,7 +75,8 @@ def main() -> None:
 
             def stock() -> None:
                 swaps["drafter"]["fused"]()
-                models["drafter"].exact_attention = False
+                drafter = models["drafter"]
+                drafter.plan = dataclasses.replace(drafter.plan, rows_exact=False, decoder=None)
 
             out["fused + stock attention"] = stock
         return out
@@ -85,7 +88,7 @@ def main() -> None:
         for m in SIZES:
             for role, session in sessions.items():
                 for name, apply in variants(role).items():
-                    models[role].exact_attention = True
+                    models[role].plan = plans[role]
                     apply()
                     start = clock()
                     _, rows = session.extend(list(range(-1, m - 1)), ids[200 : 200 + m])

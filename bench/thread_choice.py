@@ -35,8 +35,8 @@ def main() -> None:
     pair = load_pair("embedded", "embedded", precision="int8", threads=args.threads)
     assert pair.drafter is not None
     build_drafter("embedded", pair.target, pair.drafter)
-    if pair.drafter.lean is not None:
-        pair.drafter.lean.tuner = None  # this script sets the count itself
+    if pair.drafter.plan.decoder is not None:
+        pair.drafter.plan.decoder.tuner = None  # this script sets the count itself
     ids = pair.encode_prompt("Summarise in detail how photosynthesis works, step by step. " * 30)
     if len(ids) < 300 + max(sizes):
         parser.error("the built-in text is too short for these sizes")

@@ -20,7 +20,7 @@ RMSNorm, rotary embeddings, activations and residuals are row-local already.
 The prompt is the exception: every session fills the cache with the prompt (minus its last
 token) in one forward under stock SDPA (`stock_attention`), which is deterministic for the same
 input, so all sessions of a prompt start from identical caches without a per-row loop over the
-prompt. A drafter runs every forward that way (`HFModel(exact_attention=False)`): it only
+prompt. A drafter runs every forward that way (its `ForwardPlan` has `rows_exact` off): it only
 proposes, so its rounding never reaches the text, and one SDPA call per layer is cheaper than
 the row loop.
 """
@@ -53,7 +53,6 @@ __all__ = [
     "gemm_threads_for",
     "pack_int8",
     "rowwise_attention",
-    "set_gemm_threads",
     "stock_attention",
     "tree_attention",
     "visible_keys",
@@ -63,38 +62,28 @@ ATTENTION_NAME = "wmark_rowwise"
 _STOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("wmark_stock_attention", default=False)
 
 
-_GEMM_THREADS: int | None = None
 _LOCAL = threading.local()  # `gemm_threads_for`'s count, per Python thread
 PLAIN, RMS_NORM, SWIGLU = 0, 1, 2  # the kernel's prologues (`_int8_gemm.linear`)
 
 
-def set_gemm_threads(threads: int | None) -> None:
-    """Threads of every `RowInt8Linear` call from now on; None: torch's count.
-
-    Process-wide, like `torch.set_num_threads`, and separate from it: the GEMM never waits for a
-    late thread, so it may use a core that torch's ops would be held up by
-    (`wmark.generator.cpu.threads.plan_threads`).
-    """
-    global _GEMM_THREADS
-    if threads is not None and threads < 1:
-        raise ValueError(f"GEMM threads must be positive, got {threads}")
-    _GEMM_THREADS = threads
-
-
 def gemm_threads() -> int:
     """Threads a `RowInt8Linear` call (and a large enough `tree_attention`) computes on: this
-    thread's `gemm_threads_for`, else `set_gemm_threads`, else torch's count."""
-    return getattr(_LOCAL, "threads", None) or _GEMM_THREADS or torch.get_num_threads()
+    Python thread's `gemm_threads_for`, else torch's count. A session's forwards run inside its
+    model's `ForwardPlan.running`, which sets the thread plan's count."""
+    return getattr(_LOCAL, "threads", None) or torch.get_num_threads()
 
 
 @contextlib.contextmanager
 def gemm_threads_for(threads: int | None) -> Iterator[None]:
-    """Within the block, this Python thread's kernel calls run on `threads` (None: the
-    process-wide count). A forward's result does not depend on it (which thread computes a
-    tile or a row does not change its bits), only its speed: `wmark.generator.cpu.thread_tuner`
-    picks it per forward shape from measurement."""
+    """Within the block, this Python thread's kernel calls run on `threads` (None: the count
+    of an enclosing block, else torch's). A forward's result does not depend on it (which
+    thread computes a tile or a row does not change its bits), only its speed: a session runs
+    its model's planned count (`ForwardPlan.running`), and `wmark.generator.cpu.thread_tuner`
+    picks one per forward shape from measurement."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"GEMM threads must be positive, got {threads}")
     before = getattr(_LOCAL, "threads", None)
-    _LOCAL.threads = threads
+    _LOCAL.threads = threads if threads is not None else before
     try:
         yield
     finally:

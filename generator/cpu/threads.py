@@ -197,15 +197,13 @@ class CoreMeter:
 
 
 def apply_threads(plan: ThreadPlan) -> None:
-    """Make `plan` the process's: torch's thread count, the GEMM's threads, their wait policy and
+    """Make `plan` the process's: torch's thread count, the GEMM workers' wait policy and
     the CPUs its workers run on (the calling thread is never moved)."""
     import torch  # not at import: the CLI imports this module before torch (prefer_passive_wait)
 
     from wmark.generator.cpu import _int8_gemm
-    from wmark.generator.cpu.rowwise import set_gemm_threads
 
     torch.set_num_threads(plan.torch_threads)
-    set_gemm_threads(plan.gemm_threads)
     _int8_gemm.wait_policy(plan.gemm_wait)
     _int8_gemm.worker_cpus(None if plan.worker_cpus is None else sorted(plan.worker_cpus))
     note_spinning_openmp(plan)

@@ -7,9 +7,9 @@
   (`wmark.generator.drafters.hybrid`); with a target other than the embedded one, prompt lookup.
 - a model folder or cached HF id: that model as it is.
 
-A draft model attends with stock SDPA (`HFModel.exact_attention` off) unless it is the target
-itself: it only proposes, so the batch invariance the target needs buys it nothing. For the same
-reason its int8 layers are cut to 4-bit weights where the CPU runs them vectorised
+A draft model runs a drafter's `ForwardPlan` (stock SDPA, threads tuned per row count) unless
+it is the target itself: it only proposes, so the batch invariance the target needs buys it
+nothing. For the same reason its int8 layers are cut to 4-bit weights where the CPU runs them vectorised
 (`wmark.generator.drafters.int4_weights`: half the bytes a memory-bound forward reads). Its forwards also
 bypass transformers' generic decoder where the architecture allows
 (`wmark.generator.models.lean_decoder`).
@@ -23,8 +23,8 @@ from wmark.generator.drafters.hybrid import HybridDrafter
 from wmark.generator.drafters.int4_weights import cut_to_int4, int4_pays
 from wmark.generator.drafters.prompt_lookup import PromptLookup
 from wmark.generator.drafters.truncated_head import TruncatedHead, truncate_head
+from wmark.generator.models.forward_plan import ForwardPlan
 from wmark.generator.models.hf_session import HFModel
-from wmark.generator.models.lean_decoder import lean_decoder
 from wmark.generator.names import AUTO, EMBEDDED, NGRAM
 
 __all__ = ["build_drafter", "drafter_model_source"]
@@ -54,8 +54,7 @@ def build_drafter(
     if drafter in (EMBEDDED, AUTO) and isinstance(model, HFModel) and not cut:
         truncate_head(model)
     if isinstance(model, HFModel) and model is not target:
-        model.exact_attention = False
         if int4_pays() if int4 is None else int4:
             cut_to_int4(model.model)
-        model.lean = lean_decoder(model.model, tune_threads=True)
+        model.plan = ForwardPlan.drafter(model.model, model.plan.gemm_threads)
     return HybridDrafter(model) if drafter == AUTO else model

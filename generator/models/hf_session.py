@@ -1,6 +1,8 @@
 """Hugging Face causal LMs behind the backend protocol: KV cache, tree attention, rollback.
 
-Only the public forward is used: `model(input_ids, cache=..., attention_mask=4D, position_ids=...)`.
+Only the public forward is used: `model(input_ids, cache=..., attention_mask=4D, position_ids=...)`
+(`past_key_values=` before transformers 5.25), or wmark's own layer loop where the model's
+`ForwardPlan` says so (`wmark.generator.models.forward_plan`).
 A session keeps the committed text in a KV cache that grows in place (`wmark.generator.models.kv_cache`;
 the prompt enters it in one prefill forward before the first block); speculative nodes are
 appended after it and see, through a 4D mask, the committed text plus their own ancestors, at
@@ -13,16 +15,15 @@ The model comes prepared for its precision (`wmark.generator.models.prepare`).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
 from wmark.generator.backend import NodeTable
-from wmark.generator.cpu.rowwise import ATTENTION_NAME, stock_attention
+from wmark.generator.cpu.rowwise import ATTENTION_NAME
+from wmark.generator.models.forward_plan import ForwardPlan
 from wmark.generator.models.kv_cache import keep_entries, session_cache
-from wmark.generator.models.lean_decoder import LeanDecoder, lean_decoder
 
 __all__ = ["HFModel", "HFSession"]
 
@@ -60,17 +61,18 @@ class HFSession:
         ids = torch.tensor([head], device=self.lm.device)
         mask4d = mask[None, None].to(self.lm.device)
         positions = torch.arange(len(head), device=self.lm.device)[None]
-        if self.lm.lean is not None:
-            self.lm.lean.prefill(ids, mask4d, positions, self.cache)
-        else:
-            with stock_attention():
+        plan = self.lm.plan
+        with plan.running(prefill=True):
+            if plan.decoder is not None:
+                plan.decoder.prefill(ids, mask4d, positions, self.cache)
+            else:
                 self.lm.model(
                     input_ids=ids,
                     attention_mask=mask4d,
                     position_ids=positions,
-                    cache=self.cache,
                     use_cache=True,
                     logits_to_keep=1,
+                    **{plan.cache_keyword: self.cache},
                 )
         self.committed = len(head)
         self.pending = self.pending[-1:]
@@ -107,12 +109,10 @@ class HFSession:
         device = self.lm.device
         ids = torch.tensor([inputs], device=device)
         mask4d, position_ids = mask[None, None].to(device), torch.tensor([positions], device=device)
-        lean = self.lm.lean
-        if lean is not None and lean.exact != self.lm.exact_attention:
-            lean = None  # made for the other kind of attention (exact_attention changed since)
-        with contextlib.nullcontext() if self.lm.exact_attention else stock_attention():
-            if lean is not None:
-                out = lean(ids, mask4d, position_ids, self.cache)
+        plan = self.lm.plan
+        with plan.running():
+            if plan.decoder is not None:
+                out = plan.decoder(ids, mask4d, position_ids, self.cache)
             else:
                 out = self._model_forward(ids, mask4d, position_ids)
         self.forwards += 1
@@ -128,8 +128,9 @@ class HFSession:
 
     def _model_forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits (1, n, vocab) from transformers' forward, the cache extended."""
+        cache = {self.lm.plan.cache_keyword: self.cache}
         out = self.lm.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache
         )
         logits: torch.Tensor = out.logits
         return logits
@@ -155,19 +156,15 @@ class HFModel:
     """A loaded causal LM (plus what the samplers need to know about it).
 
     Args:
-        model: a transformers causal LM, already prepared (`prepare_model`).
+        model: a transformers causal LM, already prepared (`wmark.generator.models.prepare`).
         eos_token_ids: tokens that end generation.
         name: for messages.
         tokenizer_sha256: SHA-256 of its tokenizer.json, when known: keys bound to another
             tokenizer are refused by `generate`.
+        gemm_threads: threads of the CPU kernels per call (the thread plan's; None: torch's).
 
-    `exact_attention` (True): with the int8 precision, attention row by row (batch-invariant).
-    A drafter may set it False (`wmark.generator.drafters.build.build_drafter` does): its forwards
-    then run `stock_attention` (one SDPA call per layer), cheaper, with rounding that depends
-    on the block's shape, which a drafter can afford since it only proposes. `lean`: the
-    session's forwards (not the prompt's prefill) skip transformers' generic decoder for
-    `wmark.generator.models.lean_decoder.LeanDecoder`: an exact one for an int8 model (batch-invariant
-    like the rest of the int8 path), set here; `build_drafter` gives a drafter its own.
+    `plan`: how its sessions' forwards run (`ForwardPlan`); a target's plan unless replaced
+    (`wmark.generator.drafters.build.build_drafter` gives a draft model a drafter's).
     """
 
     def __init__(
@@ -177,21 +174,18 @@ class HFModel:
         name: str = "model",
         *,
         tokenizer_sha256: str | None = None,
+        gemm_threads: int | None = None,
     ) -> None:
         self.model = model
         self.eos_token_ids = eos_token_ids
         self.name = name
         self.tokenizer_sha256 = tokenizer_sha256
-        self.exact_attention = True
-        self.lean: LeanDecoder | None = None
         self.vocab_size = int(model.config.vocab_size)
         self.device = (
             next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")
         )
         self.dtype = torch.float32 if model.config._attn_implementation == ATTENTION_NAME else model.dtype
-        if model.config._attn_implementation == ATTENTION_NAME and self.device.type == "cpu":
-            exact = lean_decoder(model, exact=True)
-            self.lean = exact if exact is not None and exact.int8 is not None else None
+        self.plan = ForwardPlan.target(model, gemm_threads)
 
     def session(self, prompt_ids: Sequence[int]) -> HFSession:
         """See `LanguageModel.session`."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from wmark.errors import BackendError, InputError
-from wmark.generator.cpu.threads import apply_threads, plan_threads
+from wmark.generator.cpu.threads import ThreadPlan, apply_threads, plan_threads
 from wmark.generator.models import gguf_int8
 from wmark.generator.models.embedded import DRAFTER, TARGET, Weights, models_dir, prepare
 from wmark.generator.models.hf_session import HFModel
@@ -129,6 +130,13 @@ class ModelPair:
     def __post_init__(self) -> None:
         self._tokenizer = Tokenizer.from_str(self.tokenizer_json.decode("utf-8"))
 
+    def use_threads(self, plan: ThreadPlan) -> None:
+        """Make `plan` the process's (`apply_threads`) and the models' (their forwards' GEMM threads)."""
+        apply_threads(plan)
+        for model in (self.target, self.drafter):
+            if model is not None:
+                model.plan = dataclasses.replace(model.plan, gemm_threads=plan.gemm_threads)
+
     @property
     def tokenizer_sha256(self) -> str:
         """SHA-256 of tokenizer.json: what a key's spec records."""
@@ -225,12 +233,14 @@ def load_pair(
         draft_model = _load_model(draft_src, precision, device)
         if draft_model.config.vocab_size > target_model.config.vocab_size:
             raise BackendError("the drafter's vocabulary is larger than the target's")
-    eos = _eos_ids(target_model, chat)
+    eos, threads = _eos_ids(target_model, chat), plan.gemm_threads
     sha = hashlib.sha256(tokenizer_json).hexdigest()
     return ModelPair(
-        target=HFModel(target_model, eos, name=str(target), tokenizer_sha256=sha),
+        target=HFModel(
+            target_model, eos, name=str(target), tokenizer_sha256=sha, gemm_threads=plan.gemm_threads
+        ),
         drafter=(
-            HFModel(draft_model, eos, name=str(drafter), tokenizer_sha256=sha)
+            HFModel(draft_model, eos, name=str(drafter), tokenizer_sha256=sha, gemm_threads=plan.gemm_threads)
             if draft_model is not None
             else None
         ),

@@ -5,6 +5,7 @@ and leaves the text basic-uwm's."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 
 import pytest
@@ -116,8 +117,7 @@ def test_a_drafter_cut_to_4_bits_drafts_and_keeps_the_text(tiny_qwen):
     assert cut_to_int4(drafter.model) == layers > 0  # every int8 layer, fused groups included
     assert all(isinstance(layer, RowInt4Linear) for layer in int8_layers(drafter.model))
     assert cut_to_int4(drafter.model) == 0  # already cut
-    drafter.exact_attention = False
-    drafter.lean = lean_decoder(drafter.model)
+    drafter.plan = dataclasses.replace(drafter.plan, rows_exact=False, decoder=lean_decoder(drafter.model))
     config = SamplerConfig(method="basic-uwm", max_new_tokens=40)
     reference = generate(target, PROMPT, config=config, key=KEY, seed=5)
     for method, drafts in (("pfr", 1), ("mpfr", 3)):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from wmark.generator.cpu import _int8_gemm, _tree_attention
-from wmark.generator.cpu.rowwise import RowInt8Linear, set_gemm_threads
+from wmark.generator.cpu.rowwise import RowInt8Linear, gemm_threads_for
 from wmark.generator.drafters.int4_weights import RowInt4Linear
 
 F = np.float32
@@ -18,9 +18,8 @@ BACKENDS = _int8_gemm.backends()  # this CPU's builds; "portable" runs everywher
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     _int8_gemm.use_backend(request.param)
-    set_gemm_threads(3)  # calls of many rows run their prologue on the pool's threads
-    yield request.param
-    set_gemm_threads(None)
+    with gemm_threads_for(3):  # calls of many rows run their prologue on the pool's threads
+        yield request.param
     _int8_gemm.use_backend(BACKENDS[0])
 
 

@@ -5,6 +5,7 @@ each does draft (a drafter that never proposed would pass invariance trivially).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 
 import numpy as np
@@ -56,7 +57,7 @@ def _run(target, drafter, method="mpfr", drafts=4, lookahead=4, confidence=0.0, 
 
 def _drafters(models, truncated):
     stock = copy.deepcopy(models["close"])
-    stock.exact_attention = False  # what build_drafter gives a draft model: stock SDPA attention
+    stock.plan = dataclasses.replace(stock.plan, rows_exact=False, decoder=None)  # stock SDPA attention
     return {
         "ngram": PromptLookup(VOCAB, frozenset({EOS})),
         "ngram-1": PromptLookup(VOCAB, frozenset({EOS}), min_match=1),
@@ -190,11 +191,11 @@ def test_drafter_names_resolve_to_what_they_say(models):
     assert isinstance(build_drafter("auto", target, None), PromptLookup)
     hybrid = build_drafter("auto", target, copy.deepcopy(models["close"]))
     assert isinstance(hybrid, HybridDrafter)
-    assert hybrid.model.exact_attention is False  # a draft model attends with stock SDPA
+    assert hybrid.model.plan.rows_exact is False  # a draft model attends with stock SDPA
     own = copy.deepcopy(models["close"])
     assert build_drafter("/some/drafter", target, own) is own  # used as it is
     assert build_drafter("/some/drafter", target, target) is target
-    assert target.exact_attention  # the target drafting for itself keeps its batch-invariant attention
+    assert target.plan.rows_exact  # the target drafting for itself keeps its batch-invariant attention
     with pytest.raises(ValueError):
         build_drafter("embedded", target, None)
 

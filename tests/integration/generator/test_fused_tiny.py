@@ -4,6 +4,7 @@ int8 drafter on stock attention still leaves the text basic-uwm's."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 
 import torch
@@ -36,8 +37,9 @@ def test_fused_projections_are_bit_identical(tiny_qwen, monkeypatch):
     layer = fused.model.model.layers[0]
     assert isinstance(layer.self_attn.k_proj, _Slice) and isinstance(layer.mlp.up_proj, _Slice)
     assert isinstance(plain.model.model.layers[0].self_attn.k_proj, RowInt8Linear)
-    assert fused.lean is not None and plain.lean is None  # the lean decoder runs fused groups only
-    fused.lean = None  # both through transformers' decoder: only the fusing differs
+    assert fused.plan.decoder is not None and plain.plan.decoder is None  # lean: fused groups only
+    # both through transformers' decoder: only the fusing differs
+    fused.plan = dataclasses.replace(fused.plan, decoder=None)
     # Exact equality, no tolerance: the fused GEMM must not change a single bit.
     assert torch.equal(_logits(fused), _logits(plain))
     assert fuse_projections(fused.model) == 0  # already fused: nothing left to fuse
@@ -70,7 +72,7 @@ def test_int8_drafter_on_stock_attention_keeps_the_text(tiny_qwen, monkeypatch):
         for param in noisy.parameters():
             param.add_(torch.randn(param.shape, generator=gen) * 0.02 * param.std())
     drafter = HFModel(prepare_model(noisy, "int8", "cpu"), EOS)
-    drafter.exact_attention = False  # what build_drafter gives a draft model
+    drafter.plan = dataclasses.replace(drafter.plan, rows_exact=False, decoder=None)  # stock SDPA
     spec = WatermarkSpec(tokenizer=TokenizerRef(name="tiny", sha256="1" * 64, vocab_size=256))
     key = KeyMaterial(key_id="wk_tiny", secret=Secret(hashlib.sha256(b"tiny key").digest()), spec=spec)
 

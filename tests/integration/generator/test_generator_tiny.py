@@ -86,7 +86,8 @@ def test_int8_path_is_batch_invariant_too(tiny_qwen):
     base = tiny_qwen(0)
     eos = frozenset({EOS})
     target = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu"), eos)
-    assert target.lean is not None and target.lean.exact  # its forwards run the lean decoder
+    decoder = target.plan.decoder
+    assert decoder is not None and decoder.exact  # its forwards run the lean decoder
     drafter = HFModel(prepare_model(tiny_qwen(2), "int8", "cpu"), eos)
     ref = generate(
         target, PROMPT, config=SamplerConfig(method="basic-uwm", max_new_tokens=MAX_NEW), key=KEY, seed=5

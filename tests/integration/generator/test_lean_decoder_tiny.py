@@ -4,6 +4,7 @@ computes, on tree-shaped blocks over a growing cache, and a drafter running it k
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 
 import pytest
@@ -46,13 +47,15 @@ def _blocks(model: HFModel) -> torch.Tensor:
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_lean_forward_matches_the_transformers_forward(tiny_qwen, precision):
     stock = HFModel(prepare_model(tiny_qwen(3), precision, "cpu"), EOS)
-    stock.exact_attention = False  # a drafter: stock SDPA
+    stock.plan = dataclasses.replace(stock.plan, rows_exact=False, decoder=None)  # SDPA, transformers'
+
     lean = copy.deepcopy(stock)
-    lean.lean = lean_decoder(lean.model)
-    assert isinstance(lean.lean, LeanDecoder)
-    assert (lean.lean.int8 is not None) == (precision == "int8")  # int8 layers: the fused path
-    fused = lean.lean.int8
-    lean.lean.int8 = None  # first the same torch operations as transformers
+    decoder = lean_decoder(lean.model)
+    lean.plan = dataclasses.replace(lean.plan, decoder=decoder)
+    assert isinstance(decoder, LeanDecoder)
+    assert (decoder.int8 is not None) == (precision == "int8")  # int8 layers: the fused path
+    fused = decoder.int8
+    decoder.int8 = None  # first the same torch operations as transformers
     expected, got = _blocks(stock), _blocks(lean)
     # The same operations (equal to the bit on this torch build); the tolerance leaves room for
     # another build's kernels ordering a sum differently: 1e-5 of the logits' range, where a wrong
@@ -64,7 +67,7 @@ def test_lean_forward_matches_the_transformers_forward(tiny_qwen, precision):
         # float steps differently, and the int8 quantisation of a layer's input absorbs nearly all
         # of that: it may move the logits by no more than quantising moved them from float32's
         # (a wrong norm, rotary or head split would move them by a sizeable part of the range).
-        lean.lean.int8 = fused
+        decoder.int8 = fused
         float32 = _blocks(HFModel(prepare_model(tiny_qwen(3), "fp32", "cpu"), EOS))
         noise = float((expected - float32).abs().max())
         assert float((_blocks(lean) - got).abs().max()) <= noise
@@ -97,8 +100,7 @@ def test_the_kernel_loop_gives_the_per_layer_loops_bits(tiny_qwen, monkeypatch):
     # and the accepted path's moves.
     monkeypatch.setattr(kv_cache, "ROOM", 2)
     model = HFModel(prepare_model(tiny_qwen(3), "int8", "cpu"), EOS)
-    model.lean = lean_decoder(model.model, exact=True)
-    assert model.lean is not None and model.lean.int8 is not None
+    assert model.plan.decoder is not None and model.plan.decoder.int8 is not None  # the target's plan
     loops = []
     kernel_layers = LeanDecoder._kernel_layers
     monkeypatch.setattr(
@@ -168,7 +170,7 @@ def test_a_lean_drafter_keeps_the_text(tiny_qwen, precision):
             param.add_(torch.randn(param.shape, generator=gen) * 0.02 * param.std())
     own = HFModel(prepare_model(noisy, precision, "cpu"), EOS)
     drafter = build_drafter("auto", target, own)  # the CLI's path: the hybrid over a lean model
-    assert isinstance(drafter, HybridDrafter) and isinstance(own.lean, LeanDecoder)
+    assert isinstance(drafter, HybridDrafter) and isinstance(own.plan.decoder, LeanDecoder)
 
     def run(method: str, draft, drafts: int | None = None):
         config = SamplerConfig(method=method, drafts=drafts, lookahead=4, max_new_tokens=40)
@@ -185,7 +187,8 @@ def test_an_int8_target_runs_exact_and_each_tree_row_gets_its_logits_alone(tiny_
     32 rows where a drafter's forward switches to SDPA) each row's logits equal, bit for bit,
     those of its path decoded one token at a time."""
     target = HFModel(prepare_model(tiny_qwen(3), "int8", "cpu"), EOS)
-    assert target.lean is not None and target.lean.exact and target.lean.int8 is not None
+    decoder = target.plan.decoder
+    assert target.plan.rows_exact and decoder is not None and decoder.exact and decoder.int8 is not None
     chain = [(i - 1, 10 + i) for i in range(20)]  # nodes 0-19: one path of 20 tokens
     siblings = [(-1, 100 + i) for i in range(20)]  # nodes 20-39: 20 one-token drafts
     parents, tokens = zip(*(chain + siblings), strict=True)
@@ -211,14 +214,14 @@ def test_an_int8_target_runs_exact_and_each_tree_row_gets_its_logits_alone(tiny_
 def test_a_drafter_tunes_its_thread_count_and_its_logits_do_not_move(tiny_qwen, monkeypatch):
     """build_drafter gives a draft model's lean decoder a thread tuner (the target's has none),
     and the forwards it runs on one thread or on two give the same bits."""
-    from wmark.generator.cpu import rowwise
-
-    monkeypatch.setattr(rowwise, "_GEMM_THREADS", 2)
-    target = HFModel(prepare_model(tiny_qwen(3), "int8", "cpu"), EOS)
-    drafter = build_drafter("embedded", target, HFModel(prepare_model(tiny_qwen(4), "int8", "cpu"), EOS))
-    assert isinstance(drafter, HFModel) and drafter.lean is not None and drafter.lean.tuner is not None
+    target = HFModel(prepare_model(tiny_qwen(3), "int8", "cpu"), EOS, gemm_threads=2)
+    own = HFModel(prepare_model(tiny_qwen(4), "int8", "cpu"), EOS, gemm_threads=2)
+    drafter = build_drafter("embedded", target, own)
+    assert isinstance(drafter, HFModel) and drafter.plan.gemm_threads == 2  # the thread plan's count
+    decoder = drafter.plan.decoder
+    assert decoder is not None and decoder.tuner is not None
     assert lean_decoder(target.model, exact=True).tuner is None  # type: ignore[union-attr]
     runs = [_blocks(drafter) for _ in range(4)]  # every bucket probed on one thread and on two
     assert all(torch.equal(run, runs[0]) for run in runs)
-    chosen = drafter.lean.tuner.chosen()
+    chosen = decoder.tuner.chosen()
     assert set(chosen) == {4, 8} and set(chosen.values()) <= {1, 2}  # a 7-row tree, then 1 + 2 rows

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from wmark.generator.cpu import _int8_gemm
-from wmark.generator.cpu.rowwise import RowInt8Linear, gemm_threads, set_gemm_threads
+from wmark.generator.cpu.rowwise import RowInt8Linear, gemm_threads, gemm_threads_for
 
 BACKENDS = _int8_gemm.backends()  # this CPU's builds, fastest first; "portable" runs everywhere
 PREFETCH = _int8_gemm.prefetch()  # this CPU's weight prefetch policy
@@ -95,13 +95,12 @@ def test_every_build_and_thread_count_gives_the_same_bits():
                 # up and down: calls with fewer threads than the pool has workers, and more
                 # threads than tiles (300 channels: 10 tiles)
                 for count in (1, 2, 3, 7, 12, 2, 5, 1, 3):
-                    set_gemm_threads(count)
-                    assert torch.equal(layer(x), expected), (name, policy, inp, count)
+                    with gemm_threads_for(count):
+                        assert torch.equal(layer(x), expected), (name, policy, inp, count)
                 assert torch.equal(layer(x[:1]), expected[:1])
     finally:
         _int8_gemm.use_backend(BACKENDS[0])
         _int8_gemm.prefetch(PREFETCH)
-        set_gemm_threads(None)
 
 
 def test_late_workers_never_mix_two_calls():
@@ -117,13 +116,12 @@ def test_late_workers_never_mix_two_calls():
         for wait in ("passive", "active"):
             _int8_gemm.wait_policy(wait)
             for count in (2 * (os.cpu_count() or 1) + 2, 3, 2):
-                set_gemm_threads(count)
-                for i in range(400):
-                    j = i % 2
-                    assert torch.equal(layers[j](xs[j]), expected[j]), (wait, count, i)
+                with gemm_threads_for(count):
+                    for i in range(400):
+                        j = i % 2
+                        assert torch.equal(layers[j](xs[j]), expected[j]), (wait, count, i)
     finally:
         _int8_gemm.wait_policy(policy)
-        set_gemm_threads(None)
 
 
 def test_the_wait_policy_and_thread_count_are_checked():
@@ -136,9 +134,10 @@ def test_the_wait_policy_and_thread_count_are_checked():
             _int8_gemm.wait_policy("spin")
     finally:
         _int8_gemm.wait_policy(policy)
-    with pytest.raises(ValueError, match="positive"):
-        set_gemm_threads(0)
-    set_gemm_threads(None)
+    with pytest.raises(ValueError, match="positive"), gemm_threads_for(0):
+        pass
+    with gemm_threads_for(3), gemm_threads_for(None):
+        assert gemm_threads() == 3  # None keeps the enclosing count
     assert gemm_threads() == torch.get_num_threads()
 
 
@@ -148,8 +147,7 @@ def test_a_forked_child_computes_on_threads_of_its_own():
     the 40-row call also checks that the child holds the tile-state grant."""
     layer, wide = _layer(9, out=300, inp=130), _layer(9, out=300, inp=128)
     x, y = _rows(10, 5, 130), _rows(10, 40, 128)
-    set_gemm_threads(3)
-    try:
+    with gemm_threads_for(3):
         expected = layer(x), wide(y)  # the parent's pool now has workers
         pid = os.fork()
         if pid == 0:  # the child: report by exit status only
@@ -163,8 +161,6 @@ def test_a_forked_child_computes_on_threads_of_its_own():
             os.waitpid(pid, 0)
             pytest.fail("the forked child hung waiting for its parent's worker threads")
         assert os.waitstatus_to_exitcode(waited[1]) == 0
-    finally:
-        set_gemm_threads(None)
 
 
 def test_the_largest_products_do_not_saturate(backend):

@@ -74,20 +74,19 @@ def test_an_unreadable_proc_stat_plans_every_core(two_cores, monkeypatch):
     assert cpu_threads.plan_threads() == Plan(2, 2, "active")
 
 
-def test_applying_a_plan_sets_torch_the_gemm_and_the_wait():
+def test_applying_a_plan_sets_torch_and_the_wait():
+    # (the GEMM's count travels with the models' forward plans: test_forward_plan.py)
     import torch
 
     from wmark.generator.cpu import _int8_gemm
-    from wmark.generator.cpu.rowwise import gemm_threads, set_gemm_threads
 
     before = torch.get_num_threads(), _int8_gemm.wait_policy()
     try:
         cpu_threads.apply_threads(Plan(1, 3, "passive"))
-        assert (torch.get_num_threads(), gemm_threads(), _int8_gemm.wait_policy()) == (1, 3, "passive")
+        assert (torch.get_num_threads(), _int8_gemm.wait_policy()) == (1, "passive")
     finally:
         torch.set_num_threads(before[0])
         _int8_gemm.wait_policy(before[1])
-        set_gemm_threads(None)
 
 
 def _thread_cpus() -> dict[int, frozenset[int]]:
@@ -103,7 +102,7 @@ def test_a_plan_moves_the_gemm_workers_and_never_the_caller():
     import torch
 
     from wmark.generator.cpu import _int8_gemm
-    from wmark.generator.cpu.rowwise import RowInt8Linear, set_gemm_threads
+    from wmark.generator.cpu.rowwise import RowInt8Linear, gemm_threads_for
 
     before = torch.get_num_threads()
     layer = RowInt8Linear(*RowInt8Linear.quantize(_seeded_randn(64, 32)), None)
@@ -112,7 +111,8 @@ def test_a_plan_moves_the_gemm_workers_and_never_the_caller():
     caller = threading.get_native_id()
     try:
         cpu_threads.apply_threads(Plan(1, 2, "passive", frozenset({target})))
-        layer(_seeded_randn(4, 32))  # starts the pool's worker where none ran yet
+        with gemm_threads_for(2):
+            layer(_seeded_randn(4, 32))  # starts the pool's worker where none ran yet
         threads = _thread_cpus()
         assert threads[caller] == allowed
         assert frozenset({target}) in {cpus for tid, cpus in threads.items() if tid != caller}
@@ -120,7 +120,6 @@ def test_a_plan_moves_the_gemm_workers_and_never_the_caller():
         assert frozenset({target}) not in set(_thread_cpus().values())
     finally:
         torch.set_num_threads(before)
-        set_gemm_threads(None)
         _int8_gemm.worker_cpus(None)
         _int8_gemm.wait_policy("active")
     with pytest.raises(ValueError, match="no CPU"):

@@ -50,24 +50,22 @@ def test_buckets_are_chosen_apart_and_a_probe_can_change_the_choice():
 
 
 def test_forward_runs_its_block_on_the_chosen_count_and_times_it(monkeypatch):
-    monkeypatch.setattr(rowwise, "_GEMM_THREADS", 2)
     tuner = ThreadTuner(probes=1)
     seen = []
-    for _ in range(2):
-        with tuner.forward(3):
-            seen.append(rowwise.gemm_threads())
+    with rowwise.gemm_threads_for(2):  # the model's planned count
+        for _ in range(2):
+            with tuner.forward(3):
+                seen.append(rowwise.gemm_threads())
+        assert rowwise.gemm_threads() == 2  # and the planned count is back
     assert sorted(seen) == [1, 2]  # both candidates probed, inside the block
-    assert rowwise.gemm_threads() == 2  # and the process-wide count is back
     assert set(tuner.chosen()) == {4}  # 3 rows fall in the bucket of up to 4
 
 
 def test_prompts_and_one_thread_machines_are_left_alone(monkeypatch):
-    monkeypatch.setattr(rowwise, "_GEMM_THREADS", 2)
     tuner = ThreadTuner()
-    with tuner.forward(200):  # a prompt's prefill: more rows than the last bucket
+    with rowwise.gemm_threads_for(2), tuner.forward(200):  # a prompt's prefill: past the last bucket
         assert rowwise.gemm_threads() == 2
-    monkeypatch.setattr(rowwise, "_GEMM_THREADS", 1)
-    with tuner.forward(1):
+    with rowwise.gemm_threads_for(1), tuner.forward(1):
         assert rowwise.gemm_threads() == 1
     assert tuner.chosen() == {}
 
