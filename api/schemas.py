@@ -1,12 +1,16 @@
 """Request and response shapes of the REST API (pydantic). `KeyPublic` has no secret field, ever.
 
 Detection responses carry the same fields as `wmark detect --json` (`Detection.to_dict()`), plus
-`audit_seq`, the audit log row that records the answer.
+`audit_seq`, the audit log row that records the answer; their models are built from the fields of
+`wmark.detector.result`'s dataclasses (`_mirror`), so the two shapes cannot drift apart.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import MISSING
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import (
     BaseModel,
@@ -14,10 +18,13 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
+
+from wmark.detector.result import Detection, KeyResult, TokenEvidence
 
 __all__ = [
     "AuditEventOut",
@@ -120,49 +127,46 @@ class BatchRequest(_Strict):
     return_tokens: bool = False
 
 
-class KeyResultOut(BaseModel):
-    """The test against one key."""
+def _mirror(
+    name: str, source: type[Any], doc: str, *, types: Mapping[str, Any] | None = None, **extra: Any
+) -> type[BaseModel]:
+    """The response model of a result dataclass: its fields, in its order and with its defaults.
 
-    key_id: str
-    n_scored: int
-    score: float
-    log_p: float
-    adjusted_log_p: float
-    adjusted_p: float
-
-
-class TokenOut(BaseModel):
-    """One token and its evidence: `pivot` is U(y_t, 1), `score` = -ln(1 - pivot); null where unscored."""
-
-    token_id: int
-    start: int | None
-    end: int | None
-    pivot: float | None
-    score: float | None
+    Args:
+        name, doc: the model's name and description (the OpenAPI schema's title and description).
+        source: the dataclass (`Detection.to_dict()` and the like are what the service answers).
+        types: a field's type in the schema where it differs (a nested model, named by a string).
+        extra: fields after the dataclass's, as `create_model` takes them.
+    """
+    hints = {**get_type_hints(source), **(types or {})}
+    fields: dict[str, Any] = {
+        f.name: (hints[f.name], ... if f.default is MISSING else f.default)
+        for f in dataclasses.fields(source)
+    }
+    return _model(name, doc, **fields, **extra)
 
 
-class DetectResponse(BaseModel):
-    """A verdict (the fields of `wmark detect --json`) and the audit row that records it."""
-
-    verdict: Literal["watermarked", "not_detected", "insufficient_evidence"]
-    p_value: float
-    log_p: float
-    score: float
-    n_scored: int
-    n_tokens: int
-    key_id: str
-    spec_version: int
-    alpha: float
-    keys: list[KeyResultOut]
-    tokens: list[TokenOut] | None = None
-    source: str | None = None
-    audit_seq: int
+def _model(name: str, doc: str, **fields: Any) -> type[BaseModel]:
+    """A response model built from field definitions (a string names a model defined above)."""
+    return create_model(name, __doc__=doc, __module__=__name__, **fields)
 
 
-class BatchResponse(BaseModel):
-    """Results in the order of the items."""
-
-    results: list[DetectResponse]
+KeyResultOut = _mirror("KeyResultOut", KeyResult, "The test against one key.", adjusted_p=(float, ...))
+TokenOut = _mirror(
+    "TokenOut",
+    TokenEvidence,
+    "One token and its evidence: `pivot` is U(y_t, 1), `score` = -ln(1 - pivot); null where unscored.",
+)
+DetectResponse = _mirror(
+    "DetectResponse",
+    Detection,
+    "A verdict (the fields of `wmark detect --json`) and the audit row that records it.",
+    types={"keys": "list[KeyResultOut]", "tokens": "list[TokenOut] | None"},
+    audit_seq=(int, ...),
+)
+BatchResponse = _model(
+    "BatchResponse", "Results in the order of the items.", results=("list[DetectResponse]", ...)
+)
 
 
 class KeyCreate(_Strict):
