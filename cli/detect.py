@@ -12,6 +12,7 @@ from rich.table import Table
 
 from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, fail, open_registry, print_json
+from wmark.cli.options import KeyIds
 from wmark.detector import Detection, Detector
 from wmark.errors import InputError
 from wmark.keys.audit import detection_entry, text_digest
@@ -81,12 +82,7 @@ def detect(
             "(what prefix-mode keys need; exact for any key). Repeatable; instead of FILES.",
         ),
     ] = None,
-    key: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--key", "-k", help="Key id to test (repeatable). Default: every active and retired key."
-        ),
-    ] = None,
+    key: KeyIds = None,
     alpha: Annotated[
         float, typer.Option(help="Significance level, family-wise over the keys tested.")
     ] = 0.01,

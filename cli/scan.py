@@ -25,6 +25,7 @@ from rich.table import Table
 
 from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, err_console, open_registry, print_json
+from wmark.cli.options import KeyIds
 from wmark.keys.audit import AuditEntry
 from wmark.scan.rows import ScanSummary
 from wmark.scan.scan import ScanProgress, prepare_scan
@@ -90,12 +91,7 @@ def scan(
         str | None,
         typer.Option(help='With --sql: "SELECT id, text FROM ..."; the id column must be unique.'),
     ] = None,
-    key: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--key", "-k", help="Key id to test (repeatable). Default: every active and retired key."
-        ),
-    ] = None,
+    key: KeyIds = None,
     alpha: Annotated[
         float,
         typer.Option(help="Significance level per document, family-wise over keys, whole text and windows."),
