@@ -8,9 +8,9 @@ a broken dedup would show.
 Near-copies *across* documents are dropped: a document is skipped when more than half of its
 8-word shingles already occurred in earlier documents. Identical passages get identical scores
 under a key, so near-copies would make the documents' p-values dependent, and the binomial
-interval that calibration checks assume independent documents (measured on this machine:
-without the filter the count of p < 0.01 over 2,000 documents varied 4x more across keys than
-a binomial; with it, as a binomial does).
+interval that calibration checks assume independent documents: without the filter the count of
+p < 0.01 over the calibration corpus varied across keys far more than a binomial, with it as a
+binomial does (BENCHMARKS.md, "Calibration and attacks").
 """
 
 from __future__ import annotations

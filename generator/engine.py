@@ -32,7 +32,7 @@ from wmark.keymaterial import KeyMaterial
 __all__ = ["METHODS", "SamplerConfig", "check_key_binding", "generate", "request_nonce"]
 
 # B: counted on CPU (bench/draft_rules.py), 3 drafts beat 2 on every built-in prompt set and 4 gained
-# nothing more: extra verify rows cost ~1-2 % of a target forward each (BENCHMARKS.md)
+# nothing more: an extra verify row costs little next to a target forward (BENCHMARKS.md)
 DEFAULT_DRAFTS = 3
 MAX_DRAFTS = 64
 MAX_LOOKAHEAD = 32
@@ -85,7 +85,7 @@ class SamplerConfig:
         min_reach: a draft becomes a verify row only if the estimated chance that the target
             reaches and accepts it (the product of its path's draft probabilities, lookup rows
             discounted by their measured accuracy) is at least this (0: every draft). A verify
-            row costs ~0.1 of a target forward on CPU, so a rarely accepted draft slows the block.
+            row has a cost (BENCHMARKS.md, "Kernels"), so a rarely accepted draft slows the block.
         max_rows: at most this many drafts per block, the likeliest first (0: no cap).
     """
 

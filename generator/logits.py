@@ -61,7 +61,8 @@ class Support:
 
 def _top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's k largest entries, larger first: wmark's one-pass C scan on the CPU (ties by
-    smaller token ID; ~10x torch.topk over a 152k vocabulary), torch.topk elsewhere."""
+    smaller token ID; faster than torch.topk over a 152k vocabulary: BENCHMARKS.md, "Kernels"),
+    torch.topk elsewhere."""
     if x.device.type != "cpu" or k == x.shape[-1]:
         values, ids = torch.topk(x, k, dim=-1, sorted=True)
         return values, ids

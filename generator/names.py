@@ -27,9 +27,9 @@ METHOD_NAMES: tuple[str, ...] = (
 AUTO, NGRAM, EMBEDDED = "auto", "ngram", "embedded"  # `--drafter` choices besides a model dir / id
 DRAFTER_HELP = "ngram (prompt lookup), embedded (the 0.5B model), auto (both), or a local model dir / HF id."
 # Dynamic lookahead of `wmark generate` / `wmark demo`: a branch ends at a draft its drafter gave
-# less than 0.8, up to L = 6. On CPU a drafter level costs ~0.4 of a target forward, so only a
-# confident draft earns the next level; lookup chains (probability 1) still run deep (measured
-# with B = 2 and the auto drafter: BENCHMARKS.md). The library's SamplerConfig keeps 0 and L = 4,
-# the paper's fixed L.
+# less than 0.8, up to L = 6. On CPU a drafter level costs a good part of a target forward (c in
+# BENCHMARKS.md), so only a confident draft earns the next level; lookup chains (probability 1)
+# still run deep (measured with B = 2 and the auto drafter: docs/benchmarks-history.md). The
+# library's SamplerConfig keeps 0 and L = 4, the paper's fixed L.
 DEFAULT_DRAFT_CONFIDENCE = 0.8
 DEFAULT_LOOKAHEAD = 6

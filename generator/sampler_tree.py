@@ -77,7 +77,8 @@ def grow(inp: BlockInputs, tree: DraftTree[T], expand: Expand[T]) -> float:
     only their verify rows, and a long match (a summary copying its article, code repeating a
     line) is usually accepted far beyond L.
 
-    Each verify row costs the target forward ~0.1 of itself on CPU, so drafts are priced: a
+    Each verify row adds to the target forward's cost (BENCHMARKS.md, "Kernels"), so drafts
+    are priced: a
     draft's reach (the product along its path of the drafter's probability of each token,
     times its row's `TrustedSession.row_trust` for lookup rows) estimates the chance the target
     walks to it and accepts it. Below `min_reach` it is not drafted, and a level adds the

@@ -2,11 +2,11 @@
 
 More threads do not always pay. On a 2-core AMD EPYC (two vCPUs), in a process where torch's
 OpenMP threads spin while they wait (OMP_WAIT_POLICY unset: an application that imports wmark
-as a library), the 0.5B drafter's one-row forward took 15.8 ms on one thread and 19.2 ms on two
-(the GEMM's second thread competed with a spinning OpenMP thread for the other core), while the
-1.5B target gained from the second thread at every row count. With OMP_WAIT_POLICY=PASSIVE (what
-the CLI sets) two threads won everywhere there (drafter 10.7 against 12.8 ms;
-bench/thread_choice.py), and on a 2-core Xeon the drafter gained from them too. Which count wins
+as a library), the 0.5B drafter's one-row forward was slower on two threads than on one (the
+GEMM's second thread competed with a spinning OpenMP thread for the other core), while the 1.5B
+target gained from the second thread at every row count. With OMP_WAIT_POLICY=PASSIVE (what the
+CLI sets) two threads won everywhere there (bench/thread_choice.py; BENCHMARKS.md, "Kernels"),
+and on a 2-core Xeon the drafter gained from them too. Which count wins
 depends on the process, the CPU, the model and the rows of the forward, so it is measured, not
 guessed. A `ThreadTuner` times a model's forwards on each candidate count (one thread, and the
 count the thread plan gives), a few alternating probes per bucket of row counts, then runs the

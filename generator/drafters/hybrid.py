@@ -40,8 +40,9 @@ PRIOR_WEIGHT = 8.0
 
 MODEL_MARGIN = 0.2
 """How much more often the model's drafts must hold the target's token before it replaces a
-short match: a model row costs a drafter forward (c ~0.2 of a target forward on the embedded
-pair), a lookup row nothing, and an accepted draft saves at most about one target forward."""
+short match: a model row costs a drafter forward (c, a fraction of a target forward: BENCHMARKS.md,
+"Generation speed on CPU"), a lookup row nothing, and an accepted draft saves at most about one
+target forward."""
 
 
 @dataclass
@@ -66,17 +67,17 @@ class ShortMatchRule:
     generation, from how often each one's drafts held the token the target chose.
 
     Short matches copy an article well and replace better model drafts on code: counted on the
-    built-in prompts, using them from 2 tokens on decoded summaries ~10 % faster than from 4
-    on (predicted 1.81x against 1.67x of `basic-uwm`), and code ~10 % slower (1.82x against
-    2.03x), with the same winner on 7 of 8 summaries and 9 of 10 coding tasks. So each
+    built-in prompts (BENCHMARKS.md, "Generation speed on CPU"), using them from 2 tokens on
+    decoded summaries faster than from 4 on, and code slower, with the same winner on almost
+    every prompt of each set. So each
     generation measures both: every reached context with a short match scores it, used or not
     (a match has one or two successors, which MPFR's B = 2 drafts take whole, so whether they
     held the target's token is known either way); every reached context the model proposed at
     scores the model's drafts. The model takes over only when its rate beats the short
-    matches' by `MODEL_MARGIN` (without it, summaries lost ~2 %: the model's drafts were held
-    more often there too, 0.66-0.80 against 0.49-0.70, but not by enough to pay its forwards;
-    on code the gap was 0.18-0.55). Which one proposes changes block lengths only, never the
-    text.
+    matches' by `MODEL_MARGIN` (without it, summaries lost a little: the model's drafts were
+    held more often there too, but not by enough to pay its forwards; on code the gap was wide;
+    the rates are in docs/benchmarks-history.md). Which one proposes changes block lengths only,
+    never the text.
     """
 
     short: Rate = field(default_factory=Rate)

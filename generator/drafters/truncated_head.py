@@ -53,7 +53,7 @@ class TruncatedHead(nn.Module):
         self.keep: torch.Tensor = keep
         self.vocab_size = vocab_size
         # the kept IDs start with a run 0, 1, ..., run - 1 (the common tokens): a slice copy,
-        # where scattering all of them cost ~70 us a forward
+        # cheaper than scattering all of them (BENCHMARKS.md, "Kernels")
         ids = keep.tolist()
         self.run = next((i for i, token in enumerate(ids) if token != i), len(ids))
         self.rest: torch.Tensor = keep[self.run :]

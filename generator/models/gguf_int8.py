@@ -136,9 +136,10 @@ class GGUFEmbedding(nn.Module):
 
     GGUF's block formats are row-local (a row is whole blocks), so a row dequantised alone equals
     that row of the dequantised matrix bit for bit: the model computes what it computed with the
-    float32 table, which took ~7 s of every load to build and 1.2 GB of memory for the embedded
-    pair (151,936 rows of 1536 and 896 floats). Dequantising a forward's few rows through the
-    gguf package cost ~0.4 ms a forward, so rows once dequantised are kept (up to `CACHED_ROWS`,
+    float32 table, which took seconds of every load to build and over a gigabyte of memory for
+    the embedded pair (151,936 rows of 1536 and 896 floats). Dequantising a forward's few rows
+    through the gguf package has its cost too (BENCHMARKS.md, "Kernels"), so rows once
+    dequantised are kept (up to `CACHED_ROWS`,
     then the keep starts over): text repeats its tokens, and a decoding step looks up one or a
     few rows.
 

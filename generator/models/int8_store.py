@@ -6,8 +6,8 @@ its channel scales (`<name>.scale`, float64), where `<name>` is the layer's modu
 fused group's name (`fused.group_name`). Biases stay with the model (its dense weights).
 
 Why this layout on disk: a load used to read the int8 weights into fresh memory, stack the
-fused projections and pack them for the GEMM (about 8 s for the embedded pair on a 2-core
-machine, most of it page faults on fresh memory and packing). Loading this file maps it:
+fused projections and pack them for the GEMM (seconds for the embedded pair, most of it page
+faults on fresh memory and packing: docs/benchmarks-history.md). Loading this file maps it:
 safetensors hands out tensors over the file's pages, so no weight is copied or repacked, and
 the pages come from the OS page cache, shared by every process that loads the same model.
 
@@ -86,7 +86,7 @@ def save(model: nn.Module, path: Path) -> None:
 
 def _map_in(tensors: Iterable[torch.Tensor]) -> None:
     """Fault the mapped pages in now (reading a byte of each 4 KB), so that the first forward
-    does not pay for it: 0.16 s for the embedded target from the page cache, ~1.8 s from disk."""
+    does not pay for it (the time it takes: BENCHMARKS.md, "Kernels")."""
     for tensor in tensors:
         if tensor.numel():
             tensor.view(-1)[::4096].sum()

@@ -82,8 +82,8 @@ def _return_freed_memory() -> None:
     """Give the heap that loading freed back to the OS (glibc keeps it otherwise).
 
     Converting to int8 and fusing projections free the file's tensors and the unfused layers,
-    but glibc's allocator keeps those pages: the loaded embedded pair stayed at 7.7 GB resident
-    (11.1 GB with the AMX packings) where `malloc_trim` brings it to 6.5 GB (8.5 GB).
+    but glibc's allocator keeps those pages: the loaded embedded pair stayed gigabytes larger
+    than `malloc_trim` leaves it (docs/benchmarks-history.md, "Verify rows on AMX").
     """
     with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -252,7 +252,7 @@ def load_pair(
 def _same_vocabulary(tokenizer_json: bytes, source: Path | str) -> bool:
     """Whether the model at `source` has the vocabulary of `tokenizer_json`. The same file is
     the common case (the embedded pair) and needs no parsing: two tokenizers of 151k tokens take
-    ~2 s to build."""
+    seconds to build (BENCHMARKS.md, "Kernels")."""
     path = Path(source) / "tokenizer.json"
     other = path.read_bytes() if path.is_file() else _load_tokenizer(source)[1]
     return other == tokenizer_json or _vocab(tokenizer_json) == _vocab(other)
