@@ -15,8 +15,7 @@ from wmark.cli import scan as scan_cmd
 from wmark.cli import serve as serve_cmd
 from wmark.cli import tokens as tokens_cmd
 from wmark.cli.common import WmarkGroup
-from wmark.generator.cpu.huge_pages import prefer_huge_pages
-from wmark.generator.cpu.threads import prefer_passive_wait
+from wmark.generator.settings import prefer_huge_pages, prefer_passive_wait
 
 app = typer.Typer(
     name="wmark",

@@ -12,12 +12,11 @@ and plans (`ThreadPlan`):
   one per allowed core), whose workers sleep between calls ("passive"): its calls hand out
   chunks dynamically and never wait for a late thread (`wmark.generator.cpu._int8_gemm`), so the
   extra thread adds whatever share of the busy core the scheduler gives it, and a thread that
-  sleeps between calls is run promptly when woken. On a 2-core Xeon with one core busy, this
-  took `basic-uwm` from 0.62x to ~0.70x of its quiet speed (BENCHMARKS.md). On a quiet machine
-  the workers spin briefly between calls ("active"), which measured 6 % faster than sleeping;
+  sleeps between calls is run promptly when woken (BENCHMARKS.md, "Generation speed on CPU"). On a quiet
+  machine the workers spin briefly between calls ("active"), which measured faster than sleeping;
 - the GEMM's workers stay off the freest core (`worker_cpus`), where the calling thread, which
   runs everything between GEMM calls, is then left alone: a worker woken onto that core took
-  turns with the caller while the other process kept the other core (0.69x -> 0.73x).
+  turns with the caller while the other process kept the other core.
 
 An explicit count (`load_pair(threads=...)`, `WMARK_THREADS` or `OMP_NUM_THREADS`) is used for
 both, with active waiting: the user has chosen.
@@ -43,8 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from wmark.generator.settings import openmp_waits_passively, requested_threads
+
 __all__ = [
-    "THREADS_ENV",
     "CoreMeter",
     "ThreadPlan",
     "apply_threads",
@@ -52,10 +52,8 @@ __all__ = [
     "idle_fractions",
     "plan_threads",
     "note_spinning_openmp",
-    "prefer_passive_wait",
 ]
 
-THREADS_ENV = "WMARK_THREADS"
 _LOG = logging.getLogger(__name__)
 _WARNED: list[bool] = []  # the spinning-OpenMP note is logged once per process
 _STAT = Path("/proc/stat")
@@ -107,19 +105,8 @@ def free_cores(window_s: float = 0.25) -> float | None:
 
 
 def _requested(requested: int | None) -> int | None:
-    """`requested`, else `$WMARK_THREADS` or `$OMP_NUM_THREADS` (a choice already made), else None.
-
-    Raises:
-        ValueError: the variable that decides is not a positive integer.
-    """
-    if requested is not None:
-        return max(1, requested)
-    for variable in (THREADS_ENV, "OMP_NUM_THREADS"):
-        if value := os.environ.get(variable):
-            if not value.isdigit() or int(value) < 1:
-                raise ValueError(f"{variable} must be a positive integer, got {value!r}")
-            return int(value)
-    return None
+    """`requested`, else the environment's choice (`wmark.generator.settings.requested_threads`)."""
+    return max(1, requested) if requested is not None else requested_threads()
 
 
 def _plan_for(free: float, cores: int, worker_cpus: frozenset[int] | None = None) -> ThreadPlan:
@@ -199,7 +186,7 @@ class CoreMeter:
 def apply_threads(plan: ThreadPlan) -> None:
     """Make `plan` the process's: torch's thread count, the GEMM workers' wait policy and
     the CPUs its workers run on (the calling thread is never moved)."""
-    import torch  # not at import: the CLI imports this module before torch (prefer_passive_wait)
+    import torch  # not at import: planning must not import torch (OpenMP reads its policy then)
 
     from wmark.generator.cpu import _int8_gemm
 
@@ -211,19 +198,14 @@ def apply_threads(plan: ThreadPlan) -> None:
 
 def note_spinning_openmp(plan: ThreadPlan) -> None:
     """Log once that torch's OpenMP threads spin in this process, where that slows generation:
-    after each torch op they keep a core busy while the GEMM's workers want it (measured on a
-    2-vCPU EPYC: the target's one-row forward 82 ms, 56 ms with OMP_WAIT_POLICY=PASSIVE). The
-    CLI sets the policy itself (`prefer_passive_wait`); a library caller must set it before
-    torch is imported, which is why this can only advise."""
-    if _WARNED or plan.torch_threads < 2 or os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+    after each torch op they keep a core busy while the GEMM's workers want it (the target's
+    one-row forward measured a third slower: BENCHMARKS.md). The CLI sets the policy itself
+    (`wmark.generator.settings.prefer_passive_wait`); a library caller must set it before torch
+    is imported, which is why this can only advise."""
+    if _WARNED or plan.torch_threads < 2 or openmp_waits_passively():
         return
     _WARNED.append(True)
     _LOG.warning(
         "OMP_WAIT_POLICY is not PASSIVE: torch's OpenMP threads spin between ops and slow wmark's "
-        "int8 GEMM workers (up to ~30 % per forward). Set OMP_WAIT_POLICY=PASSIVE before importing torch."
+        "int8 GEMM workers (about a third of a forward). Set OMP_WAIT_POLICY=PASSIVE before importing torch."
     )
-
-
-def prefer_passive_wait() -> None:
-    """Let OpenMP threads sleep while they wait (unless the user chose); call before importing torch."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from wmark.errors import BackendError
-from wmark.paths import data_home
+from wmark.generator.settings import model_cache
 
 __all__ = [
     "DRAFTER",
@@ -88,10 +88,8 @@ DRAFTER = EmbeddedModel(
 
 
 def models_dir() -> Path:
-    """Cache root: `$WMARK_MODEL_CACHE`, else `$WMARK_HOME/models` (the data directory)."""
-    if os.environ.get("WMARK_MODEL_CACHE"):
-        return Path(os.environ["WMARK_MODEL_CACHE"]).expanduser()
-    return data_home() / "models"
+    """Cache root: `$WMARK_MODEL_CACHE`, else `$WMARK_HOME/models` (`wmark.generator.settings`)."""
+    return model_cache()
 
 
 def _assemble(model: EmbeddedModel, dest: Path, progress: Callable[[int, int], None] | None) -> None:

@@ -1,10 +1,10 @@
 """A decoder forward without transformers' per-call machinery, for the target and for drafters.
 
-A drafter level is one forward of the 0.5B draft model over 1-4 rows. Its int8 GEMMs took
-about 13 ms on this CPU, but the whole call took ~23 ms: transformers' generic decoder (mask
-and cache bookkeeping, rotary tables rebuilt per call, GQA keys copied per query head,
-per-module hooks and output records) costs almost as much as the weights; the 1.5B target's
-one-row forward spent ~17 of 77 ms outside its GEMMs. `LeanDecoder` runs the same layers of a
+A drafter level is one forward of the 0.5B draft model over 1-4 rows, and its int8 GEMMs were
+only about half of the call: transformers' generic decoder (mask and cache bookkeeping, rotary
+tables rebuilt per call, GQA keys copied per query head, per-module hooks and output records)
+cost almost as much as the weights, and a fifth of the target's one-row forward
+(docs/benchmarks-history.md, "Less time between kernels"). `LeanDecoder` runs the same layers of a
 Qwen2/Llama-style model directly: the rotary angles once per call, attention through wmark's
 tree kernel (`rowwise.tree_attention`), and the session's cache updated as transformers does,
 so the session code is unchanged.
@@ -115,7 +115,7 @@ class LeanDecoder:
             draft models (`build_drafter`): a small model's forward sits near the point where a
             second thread stops paying (it lost from one where torch's OpenMP threads spin). A
             target's never came near it, and probing it on one thread cost more than it could
-            win (summaries: 1.22x of basic-uwm with the target tuned too, 1.31-1.34x without).
+            win (measured on summaries: docs/benchmarks-history.md, the thread tuner).
     """
 
     def __init__(self, model: Any, *, exact: bool = False, tune_threads: bool = False) -> None:
@@ -287,8 +287,8 @@ class LeanDecoder:
         """`_int8_layers` where every row attends through the tree kernel (a few-row forward):
         the same kernel calls on the same numbers, but on buffers made once per forward and
         passed as numpy arrays, with no torch op between them. The torch steps around the calls
-        (reshapes, new tensors, views of the cache) cost ~5 ms a forward, ~15 % of the target's
-        one-row forward and ~40 % of the drafter's."""
+        (reshapes, new tensors, views of the cache) cost a sixth of the target's one-row forward
+        and more of the drafter's (docs/benchmarks-history.md, "Less time between kernels")."""
         assert self.int8 is not None
         n, d, threads = x.shape[1], self.head_dim, gemm_threads()
         first = self.int8[0]

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from wmark.generator import settings
 from wmark.generator.cpu import threads as cpu_threads
 
 
@@ -22,7 +23,7 @@ def two_cores(tmp_path, monkeypatch):
     stat = tmp_path / "stat"
     monkeypatch.setattr(cpu_threads, "_STAT", stat)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
-    monkeypatch.delenv(cpu_threads.THREADS_ENV, raising=False)
+    monkeypatch.delenv(settings.THREADS_ENV, raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
 
     totals = [(1000, 5000), (2000, 4000)]  # counters since boot: only their growth matters
@@ -62,9 +63,9 @@ def test_an_explicit_count_or_the_environment_wins(two_cores, monkeypatch):
     assert cpu_threads.plan_threads(3) == Plan(3, 3, "active")
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     assert cpu_threads.plan_threads() == Plan(4, 4, "active")
-    monkeypatch.setenv(cpu_threads.THREADS_ENV, "2")  # wmark's own variable first
+    monkeypatch.setenv(settings.THREADS_ENV, "2")  # wmark's own variable first
     assert cpu_threads.plan_threads() == Plan(2, 2, "active")
-    monkeypatch.setenv(cpu_threads.THREADS_ENV, "two")
+    monkeypatch.setenv(settings.THREADS_ENV, "two")
     with pytest.raises(ValueError, match="WMARK_THREADS"):
         cpu_threads.plan_threads()
 
@@ -137,10 +138,10 @@ def _seeded_randn(*shape: int):
 
 def test_passive_wait_respects_a_choice_already_made(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    cpu_threads.prefer_passive_wait()
+    settings.prefer_passive_wait()
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    cpu_threads.prefer_passive_wait()
+    settings.prefer_passive_wait()
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
@@ -167,7 +168,7 @@ def test_the_meter_counts_this_process_as_free_and_other_processes_as_busy(two_c
     assert meter.plan() == Plan(2, 2, "active")
     clock["now"] += 0.05  # too short a window to tell: the last plan stands
     assert meter.plan() == Plan(2, 2, "active")
-    monkeypatch.setenv(cpu_threads.THREADS_ENV, "1")  # the user's choice: the meter stays out
+    monkeypatch.setenv(settings.THREADS_ENV, "1")  # the user's choice: the meter stays out
     assert meter.plan() is None
 
 

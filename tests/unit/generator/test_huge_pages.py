@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from wmark.generator.cpu import huge_pages
+from wmark.generator import settings
 
 # Four 8 MB tensors: with the request torch marks each one MADV_HUGEPAGE, which the kernel shows
 # as the "hg" flag of the memory area holding it (/proc/self/smaps); nothing else sets that flag.
 _PROBE = """
 import sys
-from wmark.generator.cpu.huge_pages import prefer_huge_pages
+from wmark.generator.settings import prefer_huge_pages
 if sys.argv[1] == "ask":
     prefer_huge_pages()
 import torch
@@ -33,7 +33,7 @@ print(sum(any(a <= t.data_ptr() < b for a, b in flagged) for t in tensors))
 
 
 def _advised(mode: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k != huge_pages.HUGE_PAGES_ENV}
+    env = {k: v for k, v in os.environ.items() if k != settings.HUGE_PAGES_ENV}
     out = subprocess.run(
         [sys.executable, "-c", _PROBE, mode], env=env, capture_output=True, text=True, check=True
     )
@@ -47,9 +47,9 @@ def test_large_tensors_are_advised_huge_pages_only_when_asked():
 
 
 def test_a_choice_already_made_is_kept(monkeypatch):
-    monkeypatch.delenv(huge_pages.HUGE_PAGES_ENV, raising=False)
-    huge_pages.prefer_huge_pages()
-    assert os.environ[huge_pages.HUGE_PAGES_ENV] == "1"
-    monkeypatch.setenv(huge_pages.HUGE_PAGES_ENV, "0")
-    huge_pages.prefer_huge_pages()
-    assert os.environ[huge_pages.HUGE_PAGES_ENV] == "0"
+    monkeypatch.delenv(settings.HUGE_PAGES_ENV, raising=False)
+    settings.prefer_huge_pages()
+    assert os.environ[settings.HUGE_PAGES_ENV] == "1"
+    monkeypatch.setenv(settings.HUGE_PAGES_ENV, "0")
+    settings.prefer_huge_pages()
+    assert os.environ[settings.HUGE_PAGES_ENV] == "0"
