@@ -84,33 +84,27 @@ class _State:
         self.bytes_done += doc.nbytes
 
 
+@dataclass
 class _Run:
     """The tasks of one run in flight: parts on the workers, suspects to run alone, and rows
     that wait for the rows before them."""
 
-    def __init__(
-        self,
-        tasks: Iterator[Task],
-        *,
-        journal: Journal,
-        executor: Executor,
-        state: _State,
-        commit_rows: int,
-        commit_seconds: float,
-    ) -> None:
-        self.tasks = tasks
-        self.journal = journal
-        self.executor = executor
-        self.state = state
-        self.commit_rows = commit_rows
-        self.commit_seconds = commit_seconds
-        self.in_flight: dict[Any, _Part] = {}
-        self.suspects: deque[_Part] = deque()  # parts to run alone, one at a time, before anything new
-        self.ready: dict[int, list[ScanRow]] = {}
-        self.next_seq = 0
-        self.exhausted = False
-        self.run_rows = 0
-        self.limit = 2 * executor.slots + 1
+    tasks: Iterator[Task]
+    journal: Journal
+    executor: Executor
+    state: _State
+    commit_rows: int
+    commit_seconds: float
+    in_flight: dict[Any, _Part] = field(default_factory=dict)
+    suspects: deque[_Part] = field(default_factory=deque)  # to run alone, one at a time, before anything new
+    ready: dict[int, list[ScanRow]] = field(default_factory=dict)  # rows of finished tasks, by seq
+    next_seq: int = 0
+    exhausted: bool = False
+    run_rows: int = 0
+    limit: int = 0  # tasks in flight at most (and 4x that waiting in `ready`)
+
+    def __post_init__(self) -> None:
+        self.limit = 2 * self.executor.slots + 1
 
     @property
     def done(self) -> bool:
@@ -239,14 +233,8 @@ def run_scan(
         The summary, also stored in the manifest.
     """
     state = _State(started=time.monotonic())
-    run = _Run(
-        tasks(documents, journal.done, state.skip, batch_docs, batch_chars),
-        journal=journal,
-        executor=executor,
-        state=state,
-        commit_rows=commit_rows,
-        commit_seconds=commit_seconds,
-    )
+    todo = tasks(documents, journal.done, state.skip, batch_docs, batch_chars)
+    run = _Run(todo, journal, executor, state, commit_rows, commit_seconds)
 
     def progress() -> None:
         if on_progress is not None:

@@ -155,17 +155,9 @@ def prepare_scan(
         TokenizerError: a key's tokenizer is missing.
     """
     options = options or SourceOptions()
-    needed = _check_settings(
-        urls=urls,
-        sql=sql,
-        query=query,
-        keys=keys,
-        tokenizers=tokenizers,
-        alpha=alpha,
-        min_window=min_window,
-        workers=workers,
-        batch_docs=batch_docs,
-    )
+    _check_settings(alpha, min_window, workers, batch_docs, keys)
+    _check_sources(urls, sql, query)
+    needed = _needed_tokenizers(keys, tokenizers)
     out = out.expanduser().absolute()
     fmt = output_format(out)
     own = [str(out.with_name(out.name + s)) for s in ("", ".manifest.json", ".spool.jsonl", ".lock")]
@@ -198,18 +190,9 @@ def prepare_scan(
 
 
 def _check_settings(
-    *,
-    urls: Sequence[str],
-    sql: str | None,
-    query: str | None,
-    keys: Sequence[KeyMaterial],
-    tokenizers: dict[str, bytes],
-    alpha: float,
-    min_window: int,
-    workers: int | None,
-    batch_docs: int,
-) -> list[str]:
-    """`InputError` (or `TokenizerError`) for any bad setting; else the keys' tokenizers' SHA-256s."""
+    alpha: float, min_window: int, workers: int | None, batch_docs: int, keys: Sequence[KeyMaterial]
+) -> None:
+    """`InputError` for a setting out of range, or no keys."""
     if not 0.0 < alpha < 1.0:
         raise InputError(f"--alpha must be between 0 and 1, got {alpha}")
     if min_window < 0:
@@ -220,10 +203,18 @@ def _check_settings(
         raise InputError(f"the batch size must be >= 1, got {batch_docs}")
     if not keys:
         raise InputError("no keys to detect with: create one with `wmark keys create NAME`")
+
+
+def _check_sources(urls: Sequence[str], sql: str | None, query: str | None) -> None:
+    """`InputError` unless the scan reads either URLs or a --sql query (with its --query)."""
     if (sql is None) != (query is None):
         raise InputError("--sql and --query go together")
     if sql is not None and urls:
         raise InputError("scan either URLs or a --sql query, not both")
+
+
+def _needed_tokenizers(keys: Sequence[KeyMaterial], tokenizers: dict[str, bytes]) -> list[str]:
+    """The SHA-256s of the keys' tokenizers; `TokenizerError` if one is not in `tokenizers`."""
     needed = sorted({k.spec.tokenizer.sha256 for k in keys})
     if missing := [sha[:12] for sha in needed if sha not in tokenizers]:
         raise TokenizerError(f"no tokenizer.json for {', '.join(missing)}")
