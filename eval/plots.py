@@ -105,12 +105,9 @@ def _frontier(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
                     fontsize=7,
                     color=line[0].get_color(),
                 )
-    ax.set_xlabel("AATPS (tokens per target forward)")
-    ax.set_ylabel("ANLPPT-U (per-token evidence)")
-    ax.set_title("Single-draft frontier")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return True
+    return _finish(
+        ax, "Single-draft frontier", x="AATPS (tokens per target forward)", y="ANLPPT-U (per-token evidence)"
+    )
 
 
 def _multidraft(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
@@ -132,12 +129,7 @@ def _multidraft(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
                 label=f"{method} L={ell}",
                 linestyle="-" if method == "mpfr" else "--",
             )
-    ax.set_xlabel("B (drafts per block)")
-    ax.set_ylabel("AATPS")
-    ax.set_title("Multi-draft: AATPS vs B (± 1 SE)")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return True
+    return _finish(ax, "Multi-draft: AATPS vs B (± 1 SE)", x="B (drafts per block)", y="AATPS")
 
 
 def _tpr(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
@@ -160,13 +152,9 @@ def _tpr(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
                 linestyle=":",
             )
     ax.axhline(ALPHA, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("evaluated tokens T")
-    ax.set_ylabel(f"TPR at {ALPHA:.0%} FPR")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Detection vs text length (exact Gamma test)")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return True
+    title = "Detection vs text length (exact Gamma test)"
+    return _finish(ax, title, x="evaluated tokens T", y=f"TPR at {ALPHA:.0%} FPR")
 
 
 def _drafters(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
@@ -191,10 +179,17 @@ def _drafters(ax: Any, rows: Sequence[EvalRow], info: RunInfo) -> bool:
     ax.set_xticks(range(len(names)))
     labels = [f"{m} L={ell}" + (f" B={b}" if b > 1 else "") for m, ell, b in names]
     ax.set_xticklabels(labels, fontsize=7, rotation=35, ha="right")
-    ax.set_ylabel("AATPS")
-    ax.set_title("Drafter substitution: AATPS per drafter")
+    return _finish(ax, "Drafter substitution: AATPS per drafter", x=None, y="AATPS", grid="y")
+
+
+def _finish(ax: Any, title: str, *, x: str | None, y: str, grid: str = "both") -> bool:
+    """Label the axes (x: None keeps the tick labels alone), title, legend and grid; True: drawn."""
+    if x is not None:
+        ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title)
     ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, axis="y")
+    ax.grid(alpha=0.3, axis=grid)
     return True
 
 
