@@ -7,8 +7,9 @@ summary can be rebuilt without models (`wmark eval --summary-only`).
 
 Resumable: a row is appended (one line, flushed and fsynced) as soon as it is done, and a rerun
 with the same output folder skips every row already there. A line torn by a crash is dropped on
-the next start; `run.json` pins what must not change between reruns (target, key, token budget,
-logits processing), while methods, settings, prompts and seeds may be added.
+the next start (`wmark.eval.results`); `run.json` pins what must not change between reruns
+(target, key, token budget, logits processing), while methods, settings, prompts and seeds may
+be added.
 
 Seeds: the request seed of a row derives from (seed, prompt id) only, so every method sees the
 same unkeyed randomness for the same prompt, and basic-uwm, pfr and mpfr emit the same text.
@@ -16,13 +17,10 @@ same unkeyed randomness for the same prompt, and basic-uwm, pfr and mpfr emit th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from wmark.errors import InputError
 from wmark.eval.detection import DEFAULT_TAU, mixed_pivots, text_pivots
 from wmark.eval.metrics import lppl, rouge_l, scores
 from wmark.eval.prompts import Prompt
+from wmark.eval.results import ResultsFile  # named here too: bench/eval_checks.py imports it from here
 from wmark.eval.rows import EvalRow
 from wmark.generator.backend import LanguageModel
 from wmark.generator.engine import METHODS, SamplerConfig, generate
@@ -219,81 +218,6 @@ class Job:
 def plan_jobs(prompts: Sequence[Prompt], settings: Sequence[Setting], seeds: Sequence[int]) -> list[Job]:
     """Every (prompt, setting, seed), prompt by prompt: an interrupted run covers all methods evenly."""
     return [Job(p, s, seed) for p in prompts for seed in seeds for s in settings]
-
-
-class ResultsFile:
-    """results.jsonl: append-only, one JSON row per line, safe against crashes mid-write.
-
-    Only one process writes a folder at a time (`locked`); readers (`load(repair=False)`) never
-    modify the file, so a summary can be rebuilt while a run is still appending.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the folder's writer lock for the duration of the block.
-
-        Raises:
-            InputError: another process is writing to this folder.
-        """
-        with (self.path.parent / ".lock").open("ab") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise InputError(
-                    f"another wmark eval is writing to {self.path.parent}; wait for it to finish"
-                ) from None
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-    def load(self, *, repair: bool = False) -> list[EvalRow]:
-        """All complete rows. A torn last line (a crash while writing) is skipped, and with `repair`
-        (writers only, under `locked`) cut off the file so that appends continue after a whole row.
-
-        Raises:
-            InputError: a line other than the last is not valid JSON (the file was edited), or a
-                line is not a row.
-        """
-        if not self.path.exists():
-            return []
-        data = self.path.read_bytes()
-        lines = data.split(b"\n")
-        rows: list[EvalRow] = []
-        good = 0
-        for i, line in enumerate(lines):
-            if not line.strip():
-                good += len(line) + 1
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                if i < len(lines) - 1:
-                    raise InputError(
-                        f"{self.path}, line {i + 1}: not valid JSON; fix or remove the line"
-                    ) from None
-                break  # the torn tail of an interrupted append
-            if not isinstance(obj, dict):
-                raise InputError(f"{self.path}, line {i + 1}: not a wmark eval row")
-            try:
-                rows.append(EvalRow.from_json(obj))
-            except InputError as exc:
-                raise InputError(f"{self.path}, line {i + 1}: {exc}") from None
-            good += len(line) + 1
-        if repair and good < len(data):
-            with self.path.open("r+b") as f:
-                f.truncate(good)
-        return rows
-
-    def append(self, row: EvalRow) -> None:
-        """Append one row durably (written, flushed and fsynced before returning)."""
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
 
 
 @dataclass

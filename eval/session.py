@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Protocol
 from wmark.detector import TextTokenizer
 from wmark.errors import InputError
 from wmark.eval.prompts import load_prompt_set
+from wmark.eval.results import ResultsFile
 from wmark.eval.rows import EvalRow
-from wmark.eval.runner import Job, ResultsFile, RunInfo, expand_settings, lppl_key, plan_jobs, run_job
+from wmark.eval.runner import Job, RunInfo, expand_settings, lppl_key, plan_jobs, run_job
 from wmark.generator.engine import check_key_binding
 from wmark.generator.models.loading import ModelPair
 from wmark.keymaterial import KeyMaterial

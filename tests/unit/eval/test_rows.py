@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from wmark.errors import InputError
+from wmark.eval.results import ResultsFile
 from wmark.eval.rows import EvalRow
-from wmark.eval.runner import ResultsFile
 
 # A row as `wmark eval` wrote it before EvalRow existed (run_job returned a dict; same fields,
 # same order, compact separators), shortened to a 3-token text.

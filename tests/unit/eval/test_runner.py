@@ -19,11 +19,11 @@ from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.errors import InputError
 from wmark.eval.aggregate import ablation_groups
 from wmark.eval.prompts import Prompt
+from wmark.eval.results import ResultsFile
 from wmark.eval.rows import EvalRow
 from wmark.eval.runner import (
     EvalModels,
     Job,
-    ResultsFile,
     RunInfo,
     Setting,
     expand_settings,
@@ -166,7 +166,7 @@ def test_results_file_survives_a_torn_line(tmp_path: Path):
 def test_one_writer_per_folder(tmp_path: Path):
     results = ResultsFile(tmp_path / "results.jsonl")
     script = (
-        "import sys; from pathlib import Path; from wmark.eval.runner import ResultsFile; "
+        "import sys; from pathlib import Path; from wmark.eval.results import ResultsFile; "
         "from wmark.errors import InputError\n"
         "try:\n    ResultsFile(Path(sys.argv[1])).locked().__enter__()\nexcept InputError as e:\n    print(e)"
     )
