@@ -181,6 +181,73 @@ def generate(
             "cancelled" (a server stops the generation of a client that went away).
     """
     method = METHODS[config.method]
+    _check_request(method, config, prompt_ids, target, key, drafter)
+    policy = ClockPolicy(
+        key if method.keyed else None,
+        request_nonce(seed),
+        prompt_len=len(prompt_ids),
+        diversity_bits=config.diversity_bits if method.keyed else 0.0,
+        context_width=key.spec.context_width if key is not None else 4,
+        spec_version=key.spec.spec_version if key is not None else 1,
+    )
+    target_session = target.session(prompt_ids)
+    draft_session = drafter.session(prompt_ids) if method.speculative and drafter is not None else None
+    prefill_s = 0.0
+    if should_stop is None or not should_stop():  # a client gone already costs no prefill
+        prefill_s = _prefill(target_session) + _prefill(draft_session)
+
+    sessions = (target_session, draft_session)
+    run = _Transcript(list(prompt_ids), len(prompt_ids))
+    stop_reason = "length"
+    start = time.perf_counter()
+    while run.generated < config.max_new_tokens:
+        if should_stop is not None and should_stop():
+            stop_reason = "cancelled"
+            break
+        remaining = config.max_new_tokens - run.generated
+        inputs = _block_inputs(config, sessions, run.tokens, remaining, policy, target.eos_token_ids)
+        block = method.block(inputs)
+        run.record(block, policy)
+        if on_block is not None:
+            on_block(run.generated)
+        if on_emit is not None:
+            on_emit(run.tokens[len(run.tokens) - len(block.emitted) :])
+        if run.tokens[-1] in target.eos_token_ids:
+            stop_reason = "eos"
+            break
+    total = time.perf_counter() - start
+    generated = tuple(run.tokens[len(prompt_ids) :])
+    return GenerationResult(
+        token_ids=generated,
+        text=decode(generated) if decode is not None else "",
+        prompt_ids=tuple(prompt_ids),
+        method=config.method,
+        key_id=key.key_id if key is not None and method.keyed else None,
+        blocks=tuple(run.blocks),
+        drafted=tuple(run.drafted),
+        masked_positions=tuple(run.masked),
+        diverse_positions=tuple(run.diverse),
+        target_forwards=getattr(target_session, "forwards", len(run.blocks)),
+        draft_forwards=getattr(draft_session, "forwards", 0),
+        stop_reason=stop_reason,
+        timings=Timings(
+            prefill=prefill_s,
+            draft=run.draft_s,
+            verify=run.verify_s,
+            bookkeeping=max(0.0, total - run.draft_s - run.verify_s),
+        ),
+    )
+
+
+def _check_request(
+    method: Method,
+    config: SamplerConfig,
+    prompt_ids: Sequence[int],
+    target: LanguageModel,
+    key: KeyMaterial | None,
+    drafter: LanguageModel | None,
+) -> None:
+    """Refuse a request the method cannot serve (`InputError`; a key bound elsewhere: `TokenizerError`)."""
     if not prompt_ids:
         raise InputError("the prompt is empty")
     if method.keyed and key is None:
@@ -192,93 +259,66 @@ def generate(
     if method.keyed and key is not None:
         check_key_binding(key, target)
 
-    policy = ClockPolicy(
-        key if method.keyed else None,
-        request_nonce(seed),
-        prompt_len=len(prompt_ids),
-        diversity_bits=config.diversity_bits if method.keyed else 0.0,
-        context_width=key.spec.context_width if key is not None else 4,
-        spec_version=key.spec.spec_version if key is not None else 1,
-    )
-    eos = target.eos_token_ids
-    target_session = target.session(prompt_ids)
-    draft_session = drafter.session(prompt_ids) if method.speculative and drafter is not None else None
-    prefill_s = 0.0
-    if should_stop is None or not should_stop():  # a client gone already costs no prefill
-        prefill_s = _prefill(target_session) + _prefill(draft_session)
 
-    tokens = list(prompt_ids)
-    blocks: list[int] = []
-    drafted: list[int] = []
-    masked: list[int] = []
-    diverse: list[int] = []
-    draft_s = verify_s = 0.0
-    stop_reason = "length"
-    start = time.perf_counter()
-    while len(tokens) - len(prompt_ids) < config.max_new_tokens:
-        if should_stop is not None and should_stop():
-            stop_reason = "cancelled"
-            break
-        remaining = config.max_new_tokens - (len(tokens) - len(prompt_ids))
-        block = method.block(
-            BlockInputs(
-                target=target_session,
-                drafter=draft_session,
-                committed=tokens,
-                remaining=remaining,
-                policy=policy,
-                target_logits=config.target_logits,
-                draft_logits=config.draft_logits,
-                eos=eos,
-                lookahead=min(config.lookahead, remaining - 1),
-                drafts=config.drafts or 1,
-                draft_confidence=config.draft_confidence,
-                lookup_lookahead=min(config.lookup_lookahead, remaining - 1),
-                min_reach=config.min_reach,
-                max_rows=config.max_rows,
-            )
-        )
-        draft_s += block.draft_seconds
-        verify_s += block.verify_seconds
-        blocks.append(len(block.emitted))
-        drafted.append(block.drafted)
-        for emission in block.emitted:
-            position = len(tokens) - len(prompt_ids)
-            if emission.kind is ClockKind.MASKED:
-                masked.append(position)
-            elif emission.kind is ClockKind.DIVERSE:
-                diverse.append(position)
-            policy.commit(tokens, emission.kind, emission.prob)
-            tokens.append(emission.token)
-        if on_block is not None:
-            on_block(len(tokens) - len(prompt_ids))
-        if on_emit is not None:
-            on_emit(tokens[len(tokens) - len(block.emitted) :])
-        if tokens[-1] in eos:
-            stop_reason = "eos"
-            break
-    total = time.perf_counter() - start
-    generated = tuple(tokens[len(prompt_ids) :])
-    return GenerationResult(
-        token_ids=generated,
-        text=decode(generated) if decode is not None else "",
-        prompt_ids=tuple(prompt_ids),
-        method=config.method,
-        key_id=key.key_id if key is not None and method.keyed else None,
-        blocks=tuple(blocks),
-        drafted=tuple(drafted),
-        masked_positions=tuple(masked),
-        diverse_positions=tuple(diverse),
-        target_forwards=getattr(target_session, "forwards", len(blocks)),
-        draft_forwards=getattr(draft_session, "forwards", 0),
-        stop_reason=stop_reason,
-        timings=Timings(
-            prefill=prefill_s,
-            draft=draft_s,
-            verify=verify_s,
-            bookkeeping=max(0.0, total - draft_s - verify_s),
-        ),
+def _block_inputs(
+    config: SamplerConfig,
+    sessions: tuple[Session, Session | None],
+    tokens: list[int],
+    remaining: int,
+    policy: ClockPolicy,
+    eos: frozenset[int],
+) -> BlockInputs:
+    """The next block's inputs: the (target, drafter) sessions, the committed text and what the
+    config allows."""
+    return BlockInputs(
+        target=sessions[0],
+        drafter=sessions[1],
+        committed=tokens,
+        remaining=remaining,
+        policy=policy,
+        target_logits=config.target_logits,
+        draft_logits=config.draft_logits,
+        eos=eos,
+        lookahead=min(config.lookahead, remaining - 1),
+        drafts=config.drafts or 1,
+        draft_confidence=config.draft_confidence,
+        lookup_lookahead=min(config.lookup_lookahead, remaining - 1),
+        min_reach=config.min_reach,
+        max_rows=config.max_rows,
     )
+
+
+@dataclass
+class _Transcript:
+    """What a generation has emitted so far, block by block: the text and the result's statistics."""
+
+    tokens: list[int]  # the prompt, then every emitted token
+    prompt_len: int
+    blocks: list[int] = field(default_factory=list)  # tokens emitted per block
+    drafted: list[int] = field(default_factory=list)
+    masked: list[int] = field(default_factory=list)  # generated positions under a masked clock
+    diverse: list[int] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    def record(self, block: Block, policy: ClockPolicy) -> None:
+        """Append a block's emissions, committing each to the clocks (the repeated-window mask
+        is then exactly what the detector recomputes from the text)."""
+        self.draft_s += block.draft_seconds
+        self.verify_s += block.verify_seconds
+        self.blocks.append(len(block.emitted))
+        self.drafted.append(block.drafted)
+        for emission in block.emitted:
+            if emission.kind is ClockKind.MASKED:
+                self.masked.append(self.generated)
+            elif emission.kind is ClockKind.DIVERSE:
+                self.diverse.append(self.generated)
+            policy.commit(self.tokens, emission.kind, emission.prob)
+            self.tokens.append(emission.token)
 
 
 def _prefill(session: Session | None) -> float:
