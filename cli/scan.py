@@ -27,8 +27,9 @@ from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, err_console, open_registry, print_json
 from wmark.cli.options import KeyIds
 from wmark.keys.audit import AuditEntry
+from wmark.scan.loop import ScanProgress
 from wmark.scan.rows import ScanSummary
-from wmark.scan.scan import ScanProgress, prepare_scan
+from wmark.scan.scan import ScanJob, prepare_scan
 from wmark.scan.sources import SourceOptions
 
 EXIT_INTERRUPTED = 130
@@ -158,6 +159,17 @@ def scan(
         dask=dask,
         batch_docs=batch_size,
     )  # every input error is raised here, before the progress bar shows
+    summary = _run(job, out)
+    _audit(summary, [k.key_id for k in keys], alpha)
+    if as_json:
+        print_json(summary.to_dict())
+    else:
+        _table(summary)
+
+
+def _run(job: ScanJob, out: Path) -> ScanSummary:
+    """Run the scan under a progress bar (unless it is already complete); Ctrl-C or SIGTERM
+    stops it cleanly, and `--resume` continues it (exit 130)."""
     progress = _progress()
     task = progress.add_task("scanning", total=None, docs=0, rate=0.0)
 
@@ -182,11 +194,7 @@ def scan(
             highlight=False,
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    _audit(summary, [k.key_id for k in keys], alpha)
-    if as_json:
-        print_json(summary.to_dict())
-    else:
-        _table(summary)
+    return summary
 
 
 def _audit(summary: ScanSummary, key_ids: list[str], alpha: float) -> None:
