@@ -37,3 +37,24 @@ def test_gpu_check_refuses_cuda_without_a_device():
         [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300, env=dict(os.environ)
     )
     assert done.returncode == 2 and "no CUDA device" in done.stderr
+
+
+def test_the_tree_check_fails_on_other_weights():
+    """The tree check compares the device's model with the CPU reference built from the same
+    weights; a model with other weights (what the script compared before it copied them) must
+    fail it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    vocab, eos = gpu_check.SMALL_COMMON["vocab_size"], frozenset({gpu_check.EOS})
+
+    def model(seed: int):
+        raw = gpu_check.on_device(gpu_check.build("target", True, seed=seed), "cpu", torch.float32)
+        return raw, gpu_check.HFModel(gpu_check.prepare_model(raw, "fp32", "cpu"), eos)
+
+    reference = model(0)[1]
+    assert gpu_check.check_tree(*model(0)[:1], reference, model(0)[1], vocab)
+    assert not gpu_check.check_tree(model(5)[0], reference, model(5)[1], vocab)
