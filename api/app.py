@@ -20,7 +20,7 @@ from wmark.api import access_log, audit_routes, detect_routes, health_routes, ke
 from wmark.api.deps import Service
 from wmark.api.detectors import DetectorCache
 from wmark.api.errors import install_error_handlers
-from wmark.api.fast_detect import ServiceApp
+from wmark.api.fast_detect import FastDetectRoute
 from wmark.api.generate_settings import GenerationSettings
 from wmark.api.limits import BodyLimitMiddleware
 from wmark.api.metrics import Metrics, MetricsMiddleware
@@ -99,7 +99,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
             if orphan_watch is not None:
                 orphan_watch.set()
 
-    app = ServiceApp(
+    app = FastAPI(
         title="wmark detection service",
         version=__version__,
         description=_DESCRIPTION,
@@ -119,6 +119,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
         app.include_router(generate_routes.router)
         app.add_middleware(OpenAIErrorMiddleware, paths=generate_routes.OPENAI_PATHS)  # reshapes 413s too
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees 413s too
+    app.router.routes.insert(0, FastDetectRoute(app))  # first: ahead of the FastAPI route of POST /v1/detect
     for module in (detect_routes, key_routes, audit_routes, health_routes, page):
         app.include_router(module.router)
     return app

@@ -1,40 +1,45 @@
-"""Request dependencies: the service state, bearer-token authentication, roles and rate limits.
+"""Request dependencies: the service state, and the admission of authenticated routes by role.
 
-Every rejected request (no token, bad token, wrong role) is written to the audit log as
-`auth_failed`, unless its client address is past the failed-authentication rate limit (then it is
-answered 429 and only counted in the metrics, so a flood cannot fill the log).
+`require(role)` is the dependency of a route open to `role`: it calls `admission.admit`, the one
+place where bearer tokens, roles and rate limits are checked (and refusals audited), and it is
+documented in OpenAPI as the `HTTPBearer` security scheme.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Annotated, NoReturn, TypeVar
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.concurrency import run_in_threadpool
+from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
+from fastapi.security.base import SecurityBase
 
+from wmark.api.admission import admit
 from wmark.api.detectors import DetectorCache
-from wmark.api.errors import Forbidden, RateLimited
 from wmark.api.limits import RateLimiter
 from wmark.api.metrics import Metrics
 from wmark.api.settings import Settings
 from wmark.api.shared_limits import SharedRateLimiter
 from wmark.api.token_cache import TokenCache
 from wmark.keys import KeyRegistry
-from wmark.keys.audit import AuditEntry
-from wmark.keys.tokens import Role, TokenInfo, TokenRejected
+from wmark.keys.tokens import Role, TokenInfo
 
-__all__ = ["AdminToken", "AuditorToken", "DetectorToken", "Service", "ServiceDep", "get_service", "reject"]
+__all__ = [
+    "DETECTOR",
+    "AdminToken",
+    "AuditorToken",
+    "DetectorToken",
+    "RoleRequired",
+    "Service",
+    "ServiceDep",
+    "get_service",
+    "require",
+]
 
-log = logging.getLogger("wmark.api")
 T = TypeVar("T")
-
-_bearer = HTTPBearer(auto_error=False, description="An API token from `wmark tokens create --role ROLE`.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,82 +74,30 @@ async def get_service(request: Request) -> Service:
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def reject(
-    service: Service, request: Request, reason: str, token_id: str | None, error: Exception
-) -> NoReturn:
-    """Count, audit (within the failed-authentication rate limit) and raise a refusal."""
-    service.metrics.auth_failures.labels(reason).inc()
-    client = request.client.host if request.client else "unknown"
-    wait = service.auth_limiter.acquire(client)
-    if wait > 0:
-        raise RateLimited(wait) from None
-    log.info("rejected %s %s: %s (token id %s)", request.method, request.url.path, reason, token_id or "-")
-    service.registry.audit.append(
-        AuditEntry(
-            actor=f"token:{token_id}" if token_id else "anonymous",
-            action="auth_failed",
-            result={
-                "reason": reason,
-                "status": 403 if isinstance(error, Forbidden) else 401,
-                "method": request.method,
-                "path": request.url.path[:200],
-                "client": client,
-            },
-        )
-    )
-    raise error
+class RoleRequired(SecurityBase):
+    """The dependency of a route open to `role`: `admission.admit` (see there), which raises
+    401, 403 or 429; OpenAPI documents it as the `HTTPBearer` scheme."""
+
+    def __init__(self, role: Role, *, cached: bool) -> None:
+        self.model = HTTPBearerModel(description="An API token from `wmark tokens create --role ROLE`.")
+        self.scheme_name = "HTTPBearer"
+        self.role: Role = role
+        self.cached = cached
+
+    async def __call__(self, request: Request) -> TokenInfo:
+        return await admit(await get_service(request), request, self.role, cached=self.cached)
 
 
-def require(role: Role, *, cached: bool = False) -> Callable[..., Awaitable[TokenInfo]]:
-    """A dependency that admits a valid token allowed to act as `role`, within its rate limit.
+def require(role: Role, *, cached: bool = False) -> RoleRequired:
+    """The dependency that admits a valid token allowed to act as `role`, within its rate limit.
 
     `cached`: take the token from the process's `TokenCache`; only for routes that re-check
-    revocation in the transaction of their audit row (the detection routes). A cached token
-    within a per-process rate limit is admitted on the event loop (no I/O, no thread-pool hop:
-    ~0.2 ms of CPU less per request); anything that may touch the database or Redis runs in
-    the thread pool.
+    revocation in the transaction of their audit row (the detection routes).
     """
-
-    def admit(request: Request, service: Service, token: str | None) -> TokenInfo:
-        try:
-            if len(request.headers.getlist("authorization")) > 1:
-                # proxies and frameworks disagree on which of two headers counts: accept neither
-                raise TokenRejected("ambiguous")
-            info = (service.token_cache if cached else service.registry.tokens).authenticate(token)
-        except TokenRejected as exc:
-            reject(service, request, exc.reason, exc.token_id, exc)
-        if not info.allows(role):
-            reject(
-                service,
-                request,
-                "forbidden",
-                info.token_id,
-                Forbidden(f"this token's role ({info.role}) may not do this; it needs {role}"),
-            )
-        wait = service.limiter.acquire(info.token_id)
-        if wait > 0:
-            raise RateLimited(wait)
-        return info
-
-    async def dependency(
-        request: Request,
-        service: ServiceDep,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> TokenInfo:
-        token = credentials.credentials if credentials is not None else None
-        if cached and isinstance(service.limiter, RateLimiter):
-            info = service.token_cache.cached(token)
-            if info is not None and info.allows(role) and len(request.headers.getlist("authorization")) == 1:
-                wait = service.limiter.acquire(info.token_id)
-                if wait > 0:
-                    raise RateLimited(wait)
-                return info
-        return await run_in_threadpool(admit, request, service, token)
-
-    dependency.__name__ = f"require_{role}"
-    return dependency
+    return RoleRequired(role, cached=cached)
 
 
-DetectorToken = Annotated[TokenInfo, Depends(require("detector", cached=True))]
+DETECTOR = require("detector", cached=True)  # also called by the fast door of POST /v1/detect
+DetectorToken = Annotated[TokenInfo, Depends(DETECTOR)]
 AdminToken = Annotated[TokenInfo, Depends(require("admin"))]
 AuditorToken = Annotated[TokenInfo, Depends(require("auditor"))]

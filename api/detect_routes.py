@@ -18,7 +18,8 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
-from wmark.api.deps import DetectorToken, Service, ServiceDep, reject
+from wmark.api.admission import reject
+from wmark.api.deps import DetectorToken, Service, ServiceDep
 from wmark.api.detectors import KeysChanged, KeySet
 from wmark.api.errors import AUTHENTICATED, TextTooLong, documented
 from wmark.api.schemas import BatchRequest, BatchResponse, DetectItem, DetectRequest, DetectResponse
@@ -26,7 +27,7 @@ from wmark.detector import Detection, Detector
 from wmark.keys.audit import AuditEntry, detection_entry, text_digest
 from wmark.keys.tokens import TokenInfo, TokenRejected, TokenStore
 
-__all__ = ["detect_all", "router"]
+__all__ = ["detect", "detect_all", "detect_one", "json_response", "router"]
 
 router = APIRouter(tags=["detect"], responses=documented(*AUTHENTICATED, 404, 409))
 
@@ -136,7 +137,7 @@ def detect_all(
 async def detect_one(
     service: Service, request: Request, token: TokenInfo, body: DetectRequest
 ) -> dict[str, Any]:
-    """One request's detection, audited, in the service's threads (the route and its fast path)."""
+    """One request's detection, audited, in the service's threads (the route and its fast door)."""
     answers = await service.in_thread(
         partial(
             detect_all,
@@ -152,7 +153,7 @@ async def detect_one(
     return answers[0]
 
 
-def _json(value: Any) -> Response:
+def json_response(value: Any) -> Response:
     """The answer as JSON, serialised once by orjson: the route's `response_model` documents the
     shape, which `Detection.to_dict()` already has, so FastAPI's validate-and-dump pass (~0.15 ms
     a request) is skipped. Non-finite floats become null, as pydantic writes them."""
@@ -173,7 +174,7 @@ async def detect(
     The verdict is "watermarked" when the Holm-adjusted p-value of some key is at most `alpha`.
     The text itself is never stored: the audit log keeps its SHA-256.
     """
-    return _json(await detect_one(service, request, token, body))
+    return json_response(await detect_one(service, request, token, body))
 
 
 @router.post(
@@ -198,4 +199,4 @@ async def detect_batch(
             return_tokens=body.return_tokens,
         )
     )
-    return _json({"results": results})
+    return json_response({"results": results})

@@ -30,7 +30,6 @@ __all__ = [
     "TextTooLong",
     "documented",
     "error_response",
-    "exception_response",
     "install_error_handlers",
 ]
 
@@ -180,11 +179,3 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that give every error the `{code, message}` shape."""
     for kind, handler in _HANDLERS.items():
         app.add_exception_handler(kind, handler)
-
-
-async def exception_response(request: Request, exc: Exception) -> JSONResponse:
-    """The answer the app's handlers give for `exc`, for code that runs outside the app's
-    exception middleware (the detection fast path, `api.fast_detect`): the handler of the
-    nearest class in its MRO, as Starlette looks it up."""
-    handler = next(_HANDLERS[kind] for kind in type(exc).__mro__ if kind in _HANDLERS)  # Exception at last
-    return await handler(request, exc)

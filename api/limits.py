@@ -11,7 +11,6 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -95,23 +94,16 @@ DISCONNECTED = 499  # what `read_body` returns for a client gone mid-body (nginx
 
 
 async def read_body(
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    max_bytes: int,
-    read_timeout: float,
-    extra_headers: Sequence[tuple[bytes, bytes]] = (),
+    scope: Scope, receive: Receive, send: Send, max_bytes: int, read_timeout: float
 ) -> bytes | int:
     """The request body, or the status already answered (400, 413, 408; `DISCONNECTED` when the
-    client left and nothing was answered): the checks of `BodyLimitMiddleware`, shared with the
-    detection fast path (`api.fast_detect`), which reads the body before the app does and adds
-    `extra_headers` to its answers (the middlewares' headers that it stands in for)."""
+    client left and nothing was answered): the checks of `BodyLimitMiddleware`."""
     declared = dict(scope.get("headers", ())).get(b"content-length")
     if declared is not None and not declared.isdigit():
-        await _answer(send, 400, "bad_request", "Content-Length is not a number", extra_headers)
+        await _answer(send, 400, "bad_request", "Content-Length is not a number")
         return 400
     if declared is not None and int(declared) > max_bytes:
-        await _answer(send, 413, "body_too_large", f"request body is over {max_bytes} bytes", extra_headers)
+        await _answer(send, 413, "body_too_large", f"request body is over {max_bytes} bytes")
         return 413
     chunks: list[bytes] = []
     size = 0
@@ -123,24 +115,18 @@ async def read_body(
             body = message.get("body", b"")
             size += len(body)
             if size > max_bytes:
-                await _answer(
-                    send, 413, "body_too_large", f"request body is over {max_bytes} bytes", extra_headers
-                )
+                await _answer(send, 413, "body_too_large", f"request body is over {max_bytes} bytes")
                 return 413
             chunks.append(body)
             if not message.get("more_body", False):
                 break
     if timer.cancelled_caught:
-        await _answer(
-            send, 408, "request_timeout", f"the body did not arrive within {read_timeout:g} s", extra_headers
-        )
+        await _answer(send, 408, "request_timeout", f"the body did not arrive within {read_timeout:g} s")
         return 408
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _answer(
-    send: Send, status: int, code: str, message: str, extra_headers: Sequence[tuple[bytes, bytes]] = ()
-) -> None:
+async def _answer(send: Send, status: int, code: str, message: str) -> None:
     """An error in the service's JSON shape, before the app ran; the connection is closed after it."""
     body = json.dumps({"code": code, "message": message}).encode()
     await send(
@@ -151,7 +137,6 @@ async def _answer(
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
-                *extra_headers,
             ],
         }
     )

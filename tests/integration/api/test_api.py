@@ -18,10 +18,13 @@ import anyio
 import fastapi.routing
 import numpy as np
 import pytest
+from fastapi import APIRouter, Depends, Request
 from fastapi.testclient import TestClient
 from sqlalchemy import text as sql_text
 
-from wmark.api import Settings, create_app
+from wmark.api import Settings, create_app, detect_routes, fast_detect
+from wmark.api.deps import get_service
+from wmark.api.generate_settings import GenerationSettings
 from wmark.detector import Detector, normalize, readings
 from wmark.keys import KeyInfo, KeyRegistry, RegistryConfig
 from wmark.keys.tokens import ROLES
@@ -629,18 +632,24 @@ def test_a_cached_token_is_refused_as_soon_as_it_is_revoked(api, monkeypatch):
     assert [r.result["reason"] for r in failed] == ["revoked", "revoked"]
 
 
-def test_a_detection_with_a_cached_token_skips_the_framework_and_answers_as_it_does(api, monkeypatch):
-    body = {"text": "w1 w2 w3 w4", "alpha": 0.05, "source": "doc-1"}
-    first = api.call("POST", "/v1/detect", json=body)  # token not cached yet: FastAPI's route
-    solved = []
+@pytest.fixture()
+def solved(monkeypatch) -> list[int]:
+    """One item per request that went through FastAPI's dependency resolution (its route handler)."""
+    calls: list[int] = []
     solve = fastapi.routing.solve_dependencies
 
     async def counting(*args, **kwargs):
-        solved.append(1)
+        calls.append(1)
         return await solve(*args, **kwargs)
 
     monkeypatch.setattr(fastapi.routing, "solve_dependencies", counting)
-    second = api.call("POST", "/v1/detect", json=body)  # cached: answered by ServiceApp itself
+    return calls
+
+
+def test_the_fast_door_answers_a_detection_without_fastapis_handler_and_hands_on_the_rest(api, solved):
+    body = {"text": "w1 w2 w3 w4", "alpha": 0.05, "source": "doc-1"}
+    first = api.call("POST", "/v1/detect", json=body)  # the token is not cached yet: admitted in a thread
+    second = api.call("POST", "/v1/detect", json=body)  # cached: admitted on the event loop
     assert solved == []
     assert first.status_code == second.status_code == 200
     assert first.headers.items() == second.headers.items()  # content-length, -type, nosniff
@@ -648,7 +657,7 @@ def test_a_detection_with_a_cached_token_skips_the_framework_and_answers_as_it_d
     assert second.json()["audit_seq"] == first.json()["audit_seq"] + 1
     metrics = api.call("GET", "/metrics", role="auditor").text
     assert 'wmark_http_requests_total{method="POST",route="/v1/detect",status="200"} 2.0' in metrics
-    # what it does not admit goes to the app, body and all: an +json media type, a bad body
+    # what it does not admit goes to the FastAPI route, body and all: an +json media type, a bad body
     plus_json = api.call(
         "POST", "/v1/detect", content=json.dumps(body), headers={"Content-Type": "application/vnd.x+json"}
     )
@@ -658,7 +667,7 @@ def test_a_detection_with_a_cached_token_skips_the_framework_and_answers_as_it_d
     assert bad.status_code == 422 and bad.json()["code"] == "validation_error" and len(solved) > routed
 
 
-def test_a_request_the_fast_path_hands_on_is_rate_limited_once(make_api):
+def test_a_request_the_fast_door_hands_on_is_rate_limited_once(make_api):
     api = make_api(rate_per_second=0.001, rate_burst=3)
     assert api.call("POST", "/v1/detect", json={"text": "w1 w2"}).status_code == 200  # caches the token
     assert api.call("POST", "/v1/detect", json={"text": 7}).status_code == 422  # handed on: one token
@@ -666,3 +675,126 @@ def test_a_request_the_fast_path_hands_on_is_rate_limited_once(make_api):
     limited = api.call("POST", "/v1/detect", json={"text": "w1 w2"})
     assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
     assert limited.headers["x-content-type-options"] == "nosniff"
+
+
+def test_the_fast_door_is_open_and_does_what_the_route_of_the_app_does(registry_config):
+    # Fails when the route of POST /v1/detect gains a dependency or parameter that the door
+    # does not call (or loses one it calls), in create_app as it is, with generation on or off:
+    # the door then stays shut (slower, the same answers) until `fast_detect.HONOURED` says how
+    # it honours the new one. Middlewares need nothing: the door is a route, inside all of them.
+    for generation in (None, GenerationSettings(target="embedded")):  # the models load in the lifespan
+        app = create_app(_settings(registry_config), generation)
+        assert fast_detect.differences(app) == [], generation
+        assert isinstance(app.router.routes[0], fast_detect.FastDetectRoute)  # routed first
+
+
+def test_a_dependency_the_fast_door_does_not_call_shuts_it(
+    registry_config, word_tokenizer_json, monkeypatch, solved
+):
+    seen = []
+
+    async def extra(request: Request) -> None:
+        seen.append(request.url.path)
+
+    guarded = APIRouter(dependencies=[Depends(extra)])  # as if detect_routes' router had gained it
+    guarded.include_router(detect_routes.router)
+    monkeypatch.setattr(detect_routes, "router", guarded)
+    app = create_app(_settings(registry_config))
+    assert fast_detect.differences(app) == ["the dependency extra"]
+    with TestClient(app) as client:
+        token = _detector_token(app, word_tokenizer_json)
+        resp = client.post("/v1/detect", headers={"Authorization": f"Bearer {token}"}, json={"text": "w1 w2"})
+    assert resp.status_code == 200 and seen == ["/v1/detect"] and solved  # the FastAPI route answered
+
+
+def test_a_middleware_added_to_the_app_runs_around_the_fast_door(
+    registry_config, word_tokenizer_json, solved
+):
+    seen = []
+
+    class Stamp:  # any middleware added later
+        def __init__(self, app) -> None:
+            self.app = app
+
+        async def __call__(self, scope, receive, send) -> None:
+            async def stamped(message) -> None:
+                if message["type"] == "http.response.start":
+                    seen.append((scope["path"], message["status"]))
+                    message["headers"] = [*message.get("headers", []), (b"x-stamp", b"1")]
+                await send(message)
+
+            await self.app(scope, receive, stamped)
+
+    app = create_app(_settings(registry_config))
+    app.add_middleware(Stamp)
+    with TestClient(app) as client:
+        token = _detector_token(app, word_tokenizer_json)
+        for _ in range(2):  # uncached, then cached
+            resp = client.post(
+                "/v1/detect", headers={"Authorization": f"Bearer {token}"}, json={"text": "w1"}
+            )
+            assert resp.status_code == 200 and resp.headers["x-stamp"] == "1"
+    assert seen == [("/v1/detect", 200)] * 2 and solved == []  # the door answered, inside the middleware
+
+
+def _detector_token(app, word_tokenizer_json) -> str:
+    reg = app.state.service.registry
+    ref = reg.add_tokenizer(word_tokenizer_json, "words")
+    if not reg.list_keys("active"):
+        reg.create_key("k", ref)
+    return reg.tokens.create("detector", "door-test", actor="test").token
+
+
+# Each case: the roles of the Authorization headers of each request, in order; the statuses.
+DOOR_CASES = {
+    "no token": ([()], [401]),
+    "two Authorization headers": ([("detector", "admin")], [401]),
+    "wrong role": ([("auditor",)], [403]),
+    "rate limited": ([("detector",), ("detector",)], [200, 429]),
+    "good": ([("detector",)], [200]),
+}
+
+
+@pytest.mark.parametrize("case", DOOR_CASES)
+def test_both_doors_answer_alike(make_api, solved, case):
+    # the same requests through the fast door and through the FastAPI route (the door shut by a
+    # dependency override that changes nothing): the same statuses, bodies, headers, audit rows
+    # and metrics
+    requests, statuses = DOOR_CASES[case]
+    fast = _through_a_door(make_api(rate_per_second=0.001, rate_burst=1), requests, solved, shut=False)
+    routed = _through_a_door(make_api(rate_per_second=0.001, rate_burst=1), requests, solved, shut=True)
+    for part, by_door, by_route in zip(("answers", "audit rows", "metrics"), fast, routed, strict=True):
+        assert by_door == by_route, part
+    assert [status for status, _, _ in fast[0]] == statuses
+
+
+def _through_a_door(api: Api, requests: list[tuple[str, ...]], solved: list[int], *, shut: bool):
+    if shut:
+        api.client.app.dependency_overrides[get_service] = get_service
+    before, routed = api.registry.audit.count(), len(solved)
+    answers = []
+    for roles in requests:
+        headers = [("Authorization", f"Bearer {api.tokens[role]}") for role in roles]
+        resp = api.client.post("/v1/detect", headers=headers, json={"text": "w1 w2 w3", "source": "d"})
+        body = resp.json()
+        if "audit_seq" in body:  # the two apps share a database: the row's place after `before`
+            body["audit_seq"] -= before
+        if body.get("code") == "rate_limited":  # "retry in 999.9 s": the time since the last request
+            body["message"] = re.sub(r"\d+\.\d s$", "(wait) s", body["message"])
+        headers = sorted(resp.headers.items())
+        assert ("content-length", str(len(resp.content))) in headers  # its digits may differ
+        answers.append((resp.status_code, body, [h for h in headers if h[0] != "content-length"]))
+    assert (len(solved) > routed) == shut  # which door answered
+    written = api.registry.audit.count() - before
+    roles_by_id = {token.split("_")[1]: role for role, token in api.tokens.items()}
+    audited = [
+        (re.sub(r"(?<=token:)[0-9a-f]{12}", lambda m: roles_by_id[m.group(0)], r.actor), r.action, r.result)
+        for r in (api.registry.audit.tail(written) if written else [])
+    ]
+    counted = [
+        line
+        for line in api.call("GET", "/metrics", role="auditor").text.splitlines()
+        if line.startswith("wmark_auth_failures_total")
+        or (line.startswith("wmark_http_requests_total") and 'route="/v1/detect"' in line)
+    ]
+    return answers, audited, counted
