@@ -73,9 +73,9 @@ class ForwardPlan:
         """The plan of a model whose sampled tokens are the text: batch invariant wherever the
         model was prepared for it, on wmark's decoder where that decoder runs int8 layers
         (an exact-fp32 model keeps transformers' forward, with the row kernel as its attention)."""
-        rowwise = model.config._attn_implementation == ATTENTION_NAME
+        rowwise = model.config._attn_implementation == ATTENTION_NAME  # prepared so on the CPU only
         decoder = None
-        if rowwise and _device(model) == "cpu":
+        if rowwise:
             lean = lean_decoder(model, exact=True)
             decoder = lean if lean is not None and lean.int8 is not None else None
         return cls(rowwise, decoder, gemm_threads, cache_keyword(model))
@@ -94,7 +94,3 @@ class ForwardPlan:
         with gemm_threads_for(self.gemm_threads), stock_attention() if stock else contextlib.nullcontext():
             yield
 
-
-def _device(model: Any) -> str:
-    parameter = next(iter(model.parameters()), None)
-    return "cpu" if parameter is None else str(parameter.device.type)

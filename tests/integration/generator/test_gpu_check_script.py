@@ -51,10 +51,13 @@ def test_the_tree_check_fails_on_other_weights():
     spec.loader.exec_module(gpu_check)
     vocab, eos = gpu_check.SMALL_COMMON["vocab_size"], frozenset({gpu_check.EOS})
 
-    def model(seed: int):
-        raw = gpu_check.on_device(gpu_check.build("target", True, seed=seed), "cpu", torch.float32)
-        return raw, gpu_check.HFModel(gpu_check.prepare_model(raw, "fp32", "cpu"), eos)
+    def check(reference_seed: int, device_seed: int) -> bool:
+        def model(seed: int):
+            raw = gpu_check.build("target", True, seed=seed)
+            return raw, gpu_check.HFModel(gpu_check.prepare_model(raw, "fp32", "cpu"), eos)
 
-    reference = model(0)[1]
-    assert gpu_check.check_tree(*model(0)[:1], reference, model(0)[1], vocab)
-    assert not gpu_check.check_tree(model(5)[0], reference, model(5)[1], vocab)
+        raw, device_model = model(device_seed)
+        return bool(gpu_check.check_tree(raw, model(reference_seed)[1], device_model, vocab))
+
+    assert check(0, 0)
+    assert not check(0, 5)
