@@ -57,12 +57,12 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
     """
     settings = settings if settings is not None else Settings.from_env()
     generation = generation if generation is not None else GenerationSettings.from_env()
-    metrics = Metrics()
+    metrics = Metrics(settings.metrics_dir)
     access_log.install()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        orphan_watch = watch_parent()
+        orphan_watch = watch_parent(settings.serve_pid)
         executor = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="wmark-api")
         registry = await run_in_threadpool(KeyRegistry.open, settings.registry, migrate=settings.migrate)
         detectors = DetectorCache(registry, on_build=metrics.detector_builds.inc)

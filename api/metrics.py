@@ -8,7 +8,6 @@ its samples there and `/metrics` sums all workers. With one process, the app kee
 
 from __future__ import annotations
 
-import os
 import time
 
 from prometheus_client import (
@@ -34,8 +33,8 @@ _AATPS_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 class Metrics:
     """The service's metrics (one instance per app)."""
 
-    def __init__(self) -> None:
-        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir  # `Settings.metrics_dir`
         # In multiprocess mode samples go to files and are collected at scrape time, so the
         # metrics are not registered anywhere; otherwise in a registry of this app alone.
         self.registry = None if self.multiprocess_dir else CollectorRegistry()

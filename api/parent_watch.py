@@ -14,33 +14,32 @@ import os
 import signal
 import threading
 
-__all__ = ["ENV", "watch_parent"]
-
-ENV = "WMARK_SERVE_PID"
+__all__ = ["watch_parent"]
 _POLL_S = 0.5
 
 log = logging.getLogger("wmark.api")
 
 
-def watch_parent() -> threading.Event | None:
-    """Start watching when this process is a worker of `wmark serve`; set the returned event to stop.
+def watch_parent(parent: int | None) -> threading.Event | None:
+    """Start watching when this process is a worker of the `wmark serve` whose process id is
+    `parent` (`Settings.serve_pid`); set the returned event to stop.
 
-    Returns None in any other process (a single-process `wmark serve`, `uvicorn --factory`, tests).
+    Returns None in any other process (`parent` None or this process: a single-process `wmark
+    serve`, `uvicorn --factory`, tests).
     A worker that starts after the server process died (its parent is already another process)
     shuts down at once: it would otherwise serve on the port with nobody to stop it.
     """
-    parent = os.environ.get(ENV, "")
-    if not parent.isdigit() or os.getpid() == int(parent):
+    if parent is None or os.getpid() == parent:
         return None
     stop = threading.Event()
-    if os.getppid() != int(parent):
+    if os.getppid() != parent:
         log.warning("the server process %s is gone: this worker shuts down", parent)
         os.kill(os.getpid(), signal.SIGTERM)
         return stop
 
     def run() -> None:
         while not stop.wait(_POLL_S):
-            if os.getppid() != int(parent):
+            if os.getppid() != parent:
                 log.warning("the server process %s is gone: this worker shuts down", parent)
                 os.kill(os.getpid(), signal.SIGTERM)
                 return

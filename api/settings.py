@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from wmark.errors import InputError
 from wmark.keys import RegistryConfig
 
-__all__ = ["Settings"]
+__all__ = ["SERVE_PID_ENV", "Settings"]
+
+SERVE_PID_ENV = "WMARK_SERVE_PID"  # set by `wmark serve` for its workers (cli names it, not imports it)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -68,6 +70,11 @@ class Settings:
             address; past it, failures are answered 429 and no longer audited
             (`WMARK_API_AUTH_FAIL_RATE`, `WMARK_API_AUTH_FAIL_BURST`).
         docs: serve the OpenAPI schema and /docs (`WMARK_API_DOCS`).
+        serve_pid: the process id of the `wmark serve` that started this worker, which it
+            exports as `WMARK_SERVE_PID` (`wmark.api.parent_watch`); None outside its workers.
+        metrics_dir: Prometheus' multiprocess directory (`PROMETHEUS_MULTIPROC_DIR`, which
+            `wmark serve` sets for its workers and prometheus_client reads too); None: the
+            metrics live in this process.
     """
 
     registry: RegistryConfig
@@ -84,6 +91,8 @@ class Settings:
     auth_fail_per_second: float = 1.0
     auth_fail_burst: int = 20
     docs: bool = True
+    serve_pid: int | None = None
+    metrics_dir: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -104,4 +113,6 @@ class Settings:
             auth_fail_per_second=env_number(env, "WMARK_API_AUTH_FAIL_RATE", 1.0, minimum=0.001),
             auth_fail_burst=int(env_number(env, "WMARK_API_AUTH_FAIL_BURST", 20, minimum=1)),
             docs=_flag(env, "WMARK_API_DOCS", True),
+            serve_pid=int(pid) if (pid := env.get(SERVE_PID_ENV, "")).isdigit() else None,
+            metrics_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None,
         )

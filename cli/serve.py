@@ -29,7 +29,7 @@ def migrate() -> None:
 
 
 _METRICS_PREFIX = "wmark-metrics-"
-# read by wmark.api.parent_watch in each worker (named, not imported: cli and api are separate layers)
+# read by wmark.api.settings in each worker (named, not imported: cli and api are separate layers)
 _PARENT_ENV = "WMARK_SERVE_PID"
 
 
