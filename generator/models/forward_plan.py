@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from wmark.errors import BackendError
-from wmark.generator.cpu.rowwise import ATTENTION_NAME, gemm_threads_for, stock_attention
+from wmark.generator.cpu.attention import ATTENTION_NAME, stock_attention
+from wmark.generator.cpu.rowwise import gemm_threads_for
 from wmark.generator.models.lean_decoder import LeanDecoder, lean_decoder
 
 __all__ = ["ForwardPlan", "cache_keyword"]

@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from wmark.generator.backend import NodeTable
-from wmark.generator.cpu.rowwise import ATTENTION_NAME
+from wmark.generator.cpu.attention import ATTENTION_NAME
 from wmark.generator.models.forward_plan import ForwardPlan
 from wmark.generator.models.kv_cache import keep_entries, session_cache
 

@@ -8,7 +8,7 @@ and as much again per drafter level. `SlabLayer` keeps each layer's keys and val
 front of a buffer with room to grow (doubling when full): a forward copies only its new rows,
 and `keep` leaves the committed text where it is and moves the accepted path's few rows down
 behind it. The attention kernel reads the front of the buffer where it lies
-(`wmark.generator.cpu.rowwise.tree_attention`), SDPA and transformers take the strided view.
+(`wmark.generator.cpu.attention.tree_attention`), SDPA and transformers take the strided view.
 
 The numbers are the same as with `DynamicCache`: the same keys and values, in the same order.
 """

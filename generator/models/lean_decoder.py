@@ -6,7 +6,7 @@ tables rebuilt per call, GQA keys copied per query head, per-module hooks and ou
 cost almost as much as the weights, and a fifth of the target's one-row forward
 (docs/benchmarks-history.md, "Less time between kernels"). `LeanDecoder` runs the same layers of a
 Qwen2/Llama-style model directly: the rotary angles once per call, attention through wmark's
-tree kernel (`rowwise.tree_attention`), and the session's cache updated as transformers does,
+tree kernel (`attention.tree_attention`), and the session's cache updated as transformers does,
 so the session code is unchanged.
 
 Where every projection is one of wmark's int8 layers on the CPU (the int8 target; the embedded
@@ -38,14 +38,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from wmark.generator.cpu import _tree_attention
-from wmark.generator.cpu.rowwise import (
-    RMS_NORM,
-    SWIGLU,
-    RowInt8Linear,
-    gemm_threads,
-    tree_attention,
-    visible_keys,
-)
+from wmark.generator.cpu.attention import tree_attention, visible_keys
+from wmark.generator.cpu.rowwise import RMS_NORM, SWIGLU, RowInt8Linear, gemm_threads
 from wmark.generator.cpu.thread_tuner import ThreadTuner
 from wmark.generator.models.fused import stacked_layer
 from wmark.generator.models.kv_cache import SlabLayer

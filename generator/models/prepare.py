@@ -13,7 +13,8 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from wmark.errors import BackendError
-from wmark.generator.cpu.rowwise import ATTENTION_NAME, convert_linears, pack_int8, rowwise_attention
+from wmark.generator.cpu.attention import ATTENTION_NAME, rowwise_attention
+from wmark.generator.cpu.rowwise import convert_linears, pack_int8
 from wmark.generator.models import int8_store
 from wmark.generator.models.fused import fuse_projections, int8_layers
 

@@ -10,7 +10,7 @@ import torch
 from transformers import Qwen2Config
 from transformers.cache_utils import DynamicLayer
 
-from wmark.generator.cpu.rowwise import tree_attention
+from wmark.generator.cpu.attention import tree_attention
 from wmark.generator.models.kv_cache import ROOM, SlabLayer, keep_entries, plan_moves, session_cache
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from wmark.generator.cpu import _tree_attention
-from wmark.generator.cpu.rowwise import rowwise_attention
+from wmark.generator.cpu.attention import rowwise_attention
 
 
 def _case(rng: np.random.Generator, heads: int, kv_heads: int, nq: int, nkv: int, dim: int):
