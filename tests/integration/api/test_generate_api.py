@@ -395,6 +395,9 @@ def test_a_client_that_disconnects_stops_its_generation(dirs, gate):
         assert 3 <= row.result["completion_tokens"] <= 4
         while gate.acquire(blocking=False):  # the permits the first generation left unused
             pass
+        # the worker writes the audit row before it lets go of the job: wait until it has, or the
+        # wait below for "the generation to start" could see the first (cancelled) job still there
+        _until(lambda: srv.generation.current is None, "the first generation to be let go")
 
         # the same without streaming: the request is written by hand and the socket closed
         body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 100, "seed": 1}).encode()
