@@ -5,8 +5,8 @@ sealing a new secret, so a wrong `WMARK_MASTER_KEY` cannot add keys that the rig
 open. The row is written with the first secret; an existing registry gets it on the first
 successful open of one of its secrets (migrations have no master key to derive it here).
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-12-01
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
