@@ -61,6 +61,10 @@ def _read_generation(source: str, max_bytes: int) -> tuple[list[int], list[int],
     try:
         record = json.loads(_read(source, max_bytes))
         prompt, tokens, text = record["prompt_ids"], record["token_ids"], record["text"]
+    except RecursionError:  # the parser's own depth guard: a hostile record, not a crash
+        raise InputError(
+            f"{source} is not the output of `wmark generate --json` (JSON nested too deeply)"
+        ) from None
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise InputError(f"{source} is not the output of `wmark generate --json` ({exc})") from None
     ids = [*prompt, *tokens]
