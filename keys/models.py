@@ -1,4 +1,5 @@
-"""ORM models of the registry (SQLAlchemy 2.0): tokenizers, keys, API tokens and the audit log.
+"""ORM models of the registry (SQLAlchemy 2.0): tokenizers, keys, API tokens, the audit log and
+the signing keys of detection receipts.
 
 Schema changes go through Alembic migrations (keys/migrations/versions).
 """
@@ -11,7 +12,17 @@ from sqlalchemy import BigInteger, DateTime, ForeignKey, Integer, LargeBinary, S
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["ApiToken", "AuditEvent", "AuditHead", "Base", "Key", "Tokenizer", "UTCDateTime", "utcnow"]
+__all__ = [
+    "ApiToken",
+    "AuditEvent",
+    "AuditHead",
+    "Base",
+    "Key",
+    "ReceiptKey",
+    "Tokenizer",
+    "UTCDateTime",
+    "utcnow",
+]
 
 
 def utcnow() -> datetime:
@@ -114,3 +125,19 @@ class AuditHead(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     seq: Mapped[int] = mapped_column(_BigInt)
     row_hash: Mapped[str] = mapped_column(String(64))
+
+
+class ReceiptKey(Base):
+    """An Ed25519 key that signs detection receipts (`wmark.keys.receipt_keys`): the private half
+    sealed under the master key, the public half kept for good (receipts outlive their key)."""
+
+    __tablename__ = "receipt_keys"
+
+    kid: Mapped[str] = mapped_column(String(64), primary_key=True)  # RFC 7638 thumbprint
+    public_key: Mapped[str] = mapped_column(String(64))  # base64url of the 32 raw bytes
+    private_ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    master_key_id: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # active, retired or revoked
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
