@@ -255,6 +255,8 @@ class Detector:
             keys=results,
             tokens=_token_evidence(chosen.encoding, chosen.pivots) if return_tokens else None,
             source=source,
+            reading=chosen.reading,
+            n_readings=chosen.n_readings,
         )
 
 

@@ -72,6 +72,9 @@ class Detection:
         keys: the test against every key tried.
         tokens: per-token evidence under the reported key, when asked for.
         source: where the text came from (file name, document id), when known.
+        reading: which reading of the text the reported key's test is on (0: the first of
+            `wmark.detector.readings`; always 0 for token IDs), among `n_readings` tried (the
+            Bonferroni factor in `log_p`).
     """
 
     verdict: Verdict
@@ -86,6 +89,8 @@ class Detection:
     keys: tuple[KeyResult, ...]
     tokens: tuple[TokenEvidence, ...] | None = None
     source: str | None = None
+    reading: int = 0
+    n_readings: int = 1
 
     def to_dict(self, *, include_tokens: bool = True) -> dict[str, Any]:
         """JSON-ready dict; `keys` carries the per-key results, `tokens` only if computed."""

@@ -3,7 +3,8 @@
 Secrets are generated here, sealed under the master key before they touch the database, and
 leave only as `KeyMaterial` (whose `Secret` is redacted in any repr). `KeyInfo` is the public
 view: everything but the secret. Every key change is written to the audit log in the same
-transaction as the change; the registry also hands out the database's `AuditLog` and `TokenStore`.
+transaction as the change; the registry also hands out the database's `AuditLog`, `TokenStore`
+and `ReceiptKeyStore` (the signing keys of detection receipts).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from wmark.keys.config import RegistryConfig
 from wmark.keys.crypto import MasterKey
 from wmark.keys.db import make_engine, make_sessionmaker, upgrade
 from wmark.keys.models import Key, Tokenizer, utcnow
+from wmark.keys.receipt_keys import ReceiptKeyStore
 from wmark.keys.tokens import TokenStore
 from wmark.keys.transactions import write_transaction
 from wmark.secret import Secret
@@ -122,6 +124,7 @@ class KeyRegistry:
         self.sessions: sessionmaker[Session] = make_sessionmaker(engine)
         self.audit = AuditLog(self.sessions)
         self.tokens = TokenStore(self.sessions)
+        self.receipt_keys = ReceiptKeyStore(self.sessions, master_key)
 
     @classmethod
     def open(cls, config: RegistryConfig | None = None, *, migrate: bool = True) -> KeyRegistry:
