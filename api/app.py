@@ -26,7 +26,7 @@ from wmark.api.limits import BodyLimitMiddleware
 from wmark.api.metrics import Metrics, MetricsMiddleware
 from wmark.api.parent_watch import watch_parent
 from wmark.api.settings import Settings
-from wmark.api.shared_limits import rate_limiter
+from wmark.api.shared_limits import RedisOptions, rate_limiters
 from wmark.api.token_cache import TokenCache
 from wmark.errors import WmarkError
 from wmark.keys import KeyRegistry
@@ -71,14 +71,20 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
         except (WmarkError, SQLAlchemyError) as exc:
             # e.g. the database is not reachable or not migrated yet: /readyz reports it
             log.warning("detector not built at start-up: %s", type(exc).__name__)
+        limiters = rate_limiters(
+            _redis_options(settings),
+            {
+                "token": (settings.rate_per_second, settings.rate_burst),
+                "auth_fail": (settings.auth_fail_per_second, settings.auth_fail_burst),
+            },
+            on_open=metrics.redis_breaker_opens.inc,
+        )
         app.state.service = Service(
             settings=settings,
             registry=registry,
             detectors=detectors,
-            limiter=rate_limiter(settings.redis_url, "token", settings.rate_per_second, settings.rate_burst),
-            auth_limiter=rate_limiter(
-                settings.redis_url, "auth_fail", settings.auth_fail_per_second, settings.auth_fail_burst
-            ),
+            limiter=limiters["token"],
+            auth_limiter=limiters["auth_fail"],
             metrics=metrics,
             token_cache=TokenCache(registry.tokens),
             executor=executor,
@@ -123,3 +129,14 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
     for module in (detect_routes, key_routes, audit_routes, health_routes, page):
         app.include_router(module.router)
     return app
+
+
+def _redis_options(settings: Settings) -> RedisOptions | None:
+    if settings.redis_url is None:
+        return None
+    return RedisOptions(
+        url=settings.redis_url,
+        timeout=settings.redis_timeout,
+        failures=settings.redis_breaker_failures,
+        reset_after=settings.redis_breaker_reset,
+    )

@@ -60,6 +60,11 @@ class Metrics:
         self.detector_builds = Counter(
             "wmark_detector_builds", "Detectors built (after key changes)", registry=self.registry
         )
+        self.redis_breaker_opens = Counter(
+            "wmark_redis_breaker_opens",
+            "Times Redis stopped answering and the rate limits fell back to per process",
+            registry=self.registry,
+        )
         self.generated_tokens = Counter(
             "wmark_generated_tokens", "Tokens generated (watermarked)", registry=self.registry
         )

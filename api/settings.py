@@ -66,6 +66,11 @@ class Settings:
             `WMARK_API_BURST`); shared by every worker and process when `redis_url` is set, else
             per worker process.
         redis_url: Redis for the shared rate limits (`WMARK_REDIS_URL`; unset: per-process limits).
+        redis_timeout: seconds a Redis call may take to connect, and as many to be answered,
+            tried once (`WMARK_REDIS_TIMEOUT`).
+        redis_breaker_failures, redis_breaker_reset: after this many failed Redis calls in a row,
+            no request calls Redis for that many seconds (per-process limits meanwhile), then one
+            request probes it (`WMARK_REDIS_BREAKER_FAILURES`, `WMARK_REDIS_BREAKER_RESET`).
         auth_fail_per_second, auth_fail_burst: token bucket of failed authentications per client
             address; past it, failures are answered 429 and no longer audited
             (`WMARK_API_AUTH_FAIL_RATE`, `WMARK_API_AUTH_FAIL_BURST`).
@@ -88,6 +93,9 @@ class Settings:
     rate_per_second: float = 20.0
     rate_burst: int = 40
     redis_url: str | None = None
+    redis_timeout: float = 0.25
+    redis_breaker_failures: int = 3
+    redis_breaker_reset: float = 30.0
     auth_fail_per_second: float = 1.0
     auth_fail_burst: int = 20
     docs: bool = True
@@ -110,6 +118,9 @@ class Settings:
             rate_per_second=env_number(env, "WMARK_API_RATE", 20.0, minimum=0.001),
             rate_burst=int(env_number(env, "WMARK_API_BURST", 40, minimum=1)),
             redis_url=env.get("WMARK_REDIS_URL") or None,
+            redis_timeout=env_number(env, "WMARK_REDIS_TIMEOUT", 0.25, minimum=0.001),
+            redis_breaker_failures=int(env_number(env, "WMARK_REDIS_BREAKER_FAILURES", 3, minimum=1)),
+            redis_breaker_reset=env_number(env, "WMARK_REDIS_BREAKER_RESET", 30.0, minimum=0.1),
             auth_fail_per_second=env_number(env, "WMARK_API_AUTH_FAIL_RATE", 1.0, minimum=0.001),
             auth_fail_burst=int(env_number(env, "WMARK_API_AUTH_FAIL_BURST", 20, minimum=1)),
             docs=_flag(env, "WMARK_API_DOCS", True),

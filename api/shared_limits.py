@@ -3,19 +3,26 @@
 With `WMARK_REDIS_URL` set, each API token's (and each client address's failed-authentication)
 token bucket lives in Redis and is updated by one Lua script, atomically, with Redis's clock: N
 workers, or N machines, give a token its configured rate once, not N times. Without Redis the
-buckets are per process (`RateLimiter`). If Redis stops answering, requests are limited per
-process until it is back (rate limiting protects the service; it must not take it down).
+buckets are per process (`RateLimiter`).
+
+If Redis stops answering, requests are limited per process until it is back (rate limiting
+protects the service; it must not take it down). Every call is bounded by `RedisOptions.timeout`
+(connect and socket, no retry), and a `breaker.CircuitBreaker` shared by the process's limiters
+stops calling Redis after `failures` failures in a row: for `reset_after` seconds no request waits
+for Redis at all, then one request probes it.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from wmark.api.breaker import CircuitBreaker
 from wmark.api.limits import RateLimiter
 
-__all__ = ["SharedRateLimiter", "rate_limiter"]
+__all__ = ["RedisOptions", "SharedRateLimiter", "rate_limiters", "redis_client"]
 
 log = logging.getLogger("wmark.api")
 
@@ -35,45 +42,83 @@ redis.call('HSET', KEYS[1], 'level', tostring(level), 'at', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
 return tostring(wait)
 """
-_WARN_EVERY_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedisOptions:
+    """How the service talks to Redis (`api.settings.Settings` reads them from the environment).
+
+    Attributes:
+        url: Redis URL (redis://host:port/db).
+        timeout: seconds to connect, and to wait for an answer, per call; no retry.
+        failures: consecutive failed calls that open the breaker.
+        reset_after: seconds the breaker stays open before one request probes Redis again.
+    """
+
+    url: str
+    timeout: float
+    failures: int
+    reset_after: float
 
 
 class SharedRateLimiter:
     """Token buckets by key in Redis; the same `acquire` as `RateLimiter`.
 
     Args:
-        url: Redis URL (redis://host:port/db).
+        client: a redis-py client (`redis.Redis`) with its timeouts set.
+        breaker: the breaker of that Redis, shared by the process's limiters.
         namespace: prefix of this limiter's keys (one limiter per purpose).
         rate, burst: as for `RateLimiter`.
     """
 
-    def __init__(self, url: str, namespace: str, rate: float, burst: int) -> None:
+    def __init__(self, client: Any, breaker: CircuitBreaker, namespace: str, rate: float, burst: int) -> None:
         import redis
 
-        self._client: Any = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
-        self._script = self._client.register_script(_TOKEN_BUCKET)
+        self._script = client.register_script(_TOKEN_BUCKET)
         self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
+        self.breaker = breaker
         self._namespace = namespace
         self._args = (repr(float(rate)), str(int(burst)))
         self.fallback = RateLimiter(rate, burst)
-        self._warned_at = -_WARN_EVERY_S
 
     def acquire(self, key: str) -> float:
         """Take one token for `key`: 0.0 if allowed, else the seconds until one is available."""
-        try:
-            return float(self._script(keys=[f"wmark:rate:{self._namespace}:{key}"], args=self._args))
-        except self._errors as exc:
-            now = time.monotonic()
-            if now - self._warned_at >= _WARN_EVERY_S:
-                self._warned_at = now
-                log.warning("Redis unavailable (%s): rate limits are per process", type(exc).__name__)
+        if not self.breaker.allow():
             return self.fallback.acquire(key)
+        try:
+            wait = float(self._script(keys=[f"wmark:rate:{self._namespace}:{key}"], args=self._args))
+        except self._errors:
+            self.breaker.failed()
+            return self.fallback.acquire(key)
+        self.breaker.succeeded()
+        return wait
 
 
-def rate_limiter(
-    redis_url: str | None, namespace: str, rate: float, burst: int
-) -> RateLimiter | SharedRateLimiter:
-    """A limiter shared through Redis when `redis_url` is set, else one for this process."""
-    if redis_url:
-        return SharedRateLimiter(redis_url, namespace, rate, burst)
-    return RateLimiter(rate, burst)
+def rate_limiters(
+    redis: RedisOptions | None, limits: dict[str, tuple[float, int]], *, on_open: Callable[[], object]
+) -> dict[str, RateLimiter | SharedRateLimiter]:
+    """One limiter per namespace of `limits` (namespace -> (rate, burst)): shared through Redis,
+    with one client and one breaker (`on_open` called when it opens), when `redis` is set; else
+    per process."""
+    if redis is None:
+        return {name: RateLimiter(rate, burst) for name, (rate, burst) in limits.items()}
+    client = redis_client(redis)
+    breaker = CircuitBreaker(
+        "Redis", "rate limits are per process", redis.failures, redis.reset_after, on_open=on_open
+    )
+    return {
+        name: SharedRateLimiter(client, breaker, name, rate, burst) for name, (rate, burst) in limits.items()
+    }
+
+
+def redis_client(options: RedisOptions) -> Any:
+    """A redis-py client whose every call takes at most `options.timeout` to connect and as much
+    to be answered, tried once (redis-py's retries would multiply the wait)."""
+    import redis
+
+    return redis.Redis.from_url(
+        options.url,
+        socket_timeout=options.timeout,
+        socket_connect_timeout=options.timeout,
+        retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+    )
