@@ -33,11 +33,14 @@ router = APIRouter(tags=["detect"], responses=documented(*AUTHENTICATED, 404, 40
 
 
 def input_digest(item: DetectItem) -> str:
-    """SHA-256 of the text, or of the token IDs as comma-separated decimals."""
+    """SHA-256 of the text, or of the token IDs as comma-separated decimals (with a prompt: its
+    IDs likewise, then "|", then the answer's)."""
     if item.text is not None:
         return text_digest(item.text)
-    ids = item.token_ids or []
-    return hashlib.sha256(",".join(str(i) for i in ids).encode("ascii")).hexdigest()
+    ids = ",".join(str(i) for i in item.token_ids or [])
+    if item.prompt_ids is not None:
+        ids = ",".join(str(i) for i in item.prompt_ids) + "|" + ids
+    return hashlib.sha256(ids.encode("ascii")).hexdigest()
 
 
 def _check_size(service: Service, items: Sequence[DetectItem]) -> None:
@@ -49,6 +52,7 @@ def _check_size(service: Service, items: Sequence[DetectItem]) -> None:
     total = 0
     for i, item in enumerate(items):
         size = len(item.text) if item.text is not None else len(item.token_ids or [])
+        size += len(item.prompt_ids or [])
         total += size
         if size > limit:
             where = f"item {i}: " if len(items) > 1 else ""
@@ -75,8 +79,13 @@ def _check_response(service: Service, detections: Sequence[Detection]) -> None:
 def _run(detector: Detector, item: DetectItem, *, alpha: float, return_tokens: bool) -> Detection:
     if item.text is not None:
         return detector.detect(item.text, alpha=alpha, return_tokens=return_tokens, source=item.source)
+    prompt = item.prompt_ids or []
     return detector.detect(
-        token_ids=item.token_ids, alpha=alpha, return_tokens=return_tokens, source=item.source
+        token_ids=[*prompt, *(item.token_ids or [])],
+        start=len(prompt),
+        alpha=alpha,
+        return_tokens=return_tokens,
+        source=item.source,
     )
 
 
@@ -86,7 +95,11 @@ def _entry(actor: str, item: DetectItem, detector: Detector, answer: dict[str, A
         key_ids=[k.key_id for k in detector.keys],
         text_sha256=input_digest(item),
         detection=answer,  # the audited fields are picked from it; per-token evidence is not
-        input_kind="text" if item.text is not None else "token_ids",
+        input_kind="text"
+        if item.text is not None
+        else "prompt_and_token_ids"
+        if item.prompt_ids
+        else "token_ids",
     )
 
 

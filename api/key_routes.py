@@ -1,4 +1,4 @@
-"""/v1/keys (admin): list, create, show, rotate and revoke keys. Secrets never appear here.
+"""/v1/keys (admin): list, create, register vLLM keys, show, rotate and revoke. Secrets never appear here.
 
 Key changes are audited by the registry in the same transaction, with the token as the actor.
 """
@@ -11,7 +11,8 @@ from fastapi import APIRouter, Path, Query
 
 from wmark.api.deps import AdminToken, ServiceDep
 from wmark.api.errors import AUTHENTICATED, documented
-from wmark.api.schemas import KeyCreate, KeyList, KeyPublic
+from wmark.api.schemas import KeyCreate, KeyList, KeyPublic, VllmKeyCreate
+from wmark.vllm_gumbel import VllmWatermarkConfig
 
 __all__ = ["router"]
 
@@ -37,6 +38,23 @@ def create_key(body: KeyCreate, token: AdminToken, service: ServiceDep) -> dict[
         body.name,
         service.registry.tokenizer_ref(body.tokenizer_sha256),  # 404 if it is not stored
         context_width=body.context_width,
+        context_mode=body.context_mode,
+        min_scored_tokens=body.min_scored_tokens,
+        actor=token.actor,
+    )
+    return info.to_dict()
+
+
+@router.post("/vllm", response_model=KeyPublic, status_code=201, summary="Register a vLLM deployment's key")
+def create_vllm_key(body: VllmKeyCreate, token: AdminToken, service: ServiceDep) -> dict[str, Any]:
+    """Register the key of a vLLM deployment's `--watermark-config`, to detect vLLM's native
+    watermark (as `wmark keys create --scheme vllm-...`). The config's secret key is sealed under
+    the master key and never returned; the creation is audited with the token as the actor."""
+    config = VllmWatermarkConfig.from_dict(body.watermark_config.model_dump())
+    info = service.registry.import_vllm_key(
+        body.name,
+        service.registry.tokenizer_ref(body.tokenizer_sha256),  # 404 if it is not stored
+        config,
         min_scored_tokens=body.min_scored_tokens,
         actor=token.actor,
     )

@@ -25,6 +25,8 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from wmark.detector.result import Detection, KeyResult, TokenEvidence
+from wmark.spec import MAX_VLLM_CONTEXT_WIDTH
+from wmark.vllm_gumbel import VllmWatermarkConfig
 
 __all__ = [
     "AuditEventOut",
@@ -39,6 +41,8 @@ __all__ = [
     "KeyList",
     "KeyPublic",
     "VerifyOut",
+    "VllmConfigIn",
+    "VllmKeyCreate",
 ]
 
 
@@ -74,10 +78,16 @@ class ErrorOut(BaseModel):
 
 
 class DetectItem(_Strict):
-    """One input: exactly one of `text` and `token_ids` (the schema's oneOf says so to clients)."""
+    """One input: exactly one of `text` and `token_ids`, and `prompt_ids` only with `token_ids`
+    (the schema's oneOf says so to clients)."""
 
     model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["token_ids"]}]}
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["text"], "not": {"required": ["prompt_ids"]}},
+                {"required": ["token_ids"]},
+            ]
+        }
     )
 
     # `| SkipJsonSchema[None]`: absent is allowed, an explicit null is not (see _no_null)
@@ -87,11 +97,19 @@ class DetectItem(_Strict):
     token_ids: Annotated[list[TokenId], Field(min_length=1)] | SkipJsonSchema[None] = Field(
         None, description="Token IDs instead of text."
     )
+    prompt_ids: Annotated[list[TokenId], Field(min_length=1)] | SkipJsonSchema[None] = Field(
+        None,
+        description="With `token_ids`: the prompt's token IDs as the model saw them, chat template "
+        "included (`prompt_ids` of `wmark generate --json`), in front of the answer's `token_ids`. "
+        "Keys in prefix context mode need it (each position's label is everything before it, "
+        "prompt included); window keys also score the answer's first tokens, whose windows reach "
+        "into the prompt; vLLM-scheme keys ignore it (vLLM's contexts start at the answer).",
+    )
     source: Annotated[str, StringConstraints(max_length=200)] | SkipJsonSchema[None] = Field(
         None, description="A label echoed back (document id, file name)."
     )
 
-    @field_validator("text", "token_ids", "source", mode="before")
+    @field_validator("text", "token_ids", "prompt_ids", "source", mode="before")
     @classmethod
     def _no_null(cls, value: object) -> object:
         if value is None:  # the schema does not allow null: leave the field out instead
@@ -102,6 +120,10 @@ class DetectItem(_Strict):
     def _one_input(self) -> DetectItem:
         if (self.text is None) == (self.token_ids is None):
             raise ValueError("give exactly one of text and token_ids")
+        if self.prompt_ids is not None and self.token_ids is None:
+            raise ValueError(
+                "prompt_ids go with token_ids: a text's token IDs depend on each key's tokenizer"
+            )
         if self.text is not None:
             try:
                 self.text.encode("utf-8")
@@ -177,6 +199,58 @@ class KeyCreate(_Strict):
         description="SHA-256 of a tokenizer.json stored in the registry (see an existing key's spec)."
     )
     context_width: Annotated[int, Field(ge=1, le=16), _Integral] = 4
+    context_mode: Literal["window", "prefix"] = Field(
+        "window",
+        description="'window' (label: the previous context_width tokens), or 'prefix' (the paper's "
+        "labels: every previous token, prompt included; detect with `prompt_ids`).",
+    )
+    min_scored_tokens: Annotated[int, Field(ge=1, le=100_000), _Integral] = 16
+
+
+def _vllm_default(name: str) -> Any:
+    """The default of a vLLM config field, as `VllmWatermarkConfig` (vLLM's own) has it."""
+    return VllmWatermarkConfig.__dataclass_fields__[name].default
+
+
+class VllmConfigIn(_Strict):
+    """vLLM's `--watermark-config` (its `WatermarkConfig`), as the deployment runs with it.
+
+    Only `key`, `algorithm`, `alpha` and `context_width` change detection; the other fields are
+    checked as vLLM checks them, so a config vLLM refuses is refused here too.
+    """
+
+    key: Annotated[int, Field(ge=0, le=2**64 - 1)] = Field(
+        description="The secret watermark key: write-only, sealed under the master key, never returned.",
+        json_schema_extra={"writeOnly": True},
+    )
+    algorithm: Literal["gumbel", "dual_key_gumbel"] = _vllm_default("algorithm")
+    alpha: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = Field(
+        _vllm_default("alpha"), description="dual_key_gumbel: the weight of key B."
+    )
+    context_width: Annotated[int, Field(ge=1, le=MAX_VLLM_CONTEXT_WIDTH), _Integral] = _vllm_default(
+        "context_width"
+    )
+    deduplicate_contexts: Literal["none", "single_turn", "all"] = _vllm_default("deduplicate_contexts")
+    deduplicate_contexts_max_history: Annotated[int, Field(ge=1, le=2**31 - 1), _Integral] | None = (
+        _vllm_default("deduplicate_contexts_max_history")
+    )
+    prf: Literal["philox"] = _vllm_default("prf")
+    allow_target_only_watermarking: bool = _vllm_default("allow_target_only_watermarking")
+
+    def __repr__(self) -> str:
+        return f"VllmConfigIn(algorithm={self.algorithm!r}, key=<redacted>)"
+
+    __str__ = __repr__
+
+
+class VllmKeyCreate(_Strict):
+    """POST /v1/keys/vllm: register a vLLM deployment's key, to detect its native watermark."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    tokenizer_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="SHA-256 of the deployment's tokenizer.json, stored in the registry."
+    )
+    watermark_config: VllmConfigIn
     min_scored_tokens: Annotated[int, Field(ge=1, le=100_000), _Integral] = 16
 
 

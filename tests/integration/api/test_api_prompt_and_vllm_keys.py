@@ -1,0 +1,193 @@
+"""/v1/detect with the prompt's token IDs (prefix-mode keys), and vLLM keys registered by an admin.
+
+`prompt_ids` is what `wmark detect --generation` reads from a `wmark generate --json` record: the
+prompt in front of the answer, scored from the answer on. Prefix-mode keys cannot be detected
+without it; window keys score the answer's first tokens with it; vLLM keys ignore it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from wmark import KeyMaterial
+from wmark.api import Settings, create_app
+from wmark.detector import Detector
+from wmark.keys import KeyRegistry
+from wmark.keys.tokens import ROLES
+from wmark.prf import KeyedSource, seed_uniforms
+from wmark.race import race_winner
+
+VLLM_KEY = 0x0123456789ABCDEF  # the secret of the vLLM deployment: never in any response
+
+
+@dataclass
+class Api:
+    client: TestClient
+    registry: KeyRegistry
+    tokenizer_sha256: str
+    tokens: dict[str, str]
+
+    def call(self, method: str, path: str, role: str = "admin", **kwargs):
+        headers = {"Authorization": f"Bearer {self.tokens[role]}"}
+        return self.client.request(method, path, headers=headers, **kwargs)
+
+
+@pytest.fixture()
+def api(registry_config, word_tokenizer_json) -> Iterator[Api]:
+    settings = Settings(registry=registry_config, migrate=True, rate_per_second=1000.0, rate_burst=1000)
+    with TestClient(create_app(settings)) as client:
+        registry = client.app.state.service.registry  # type: ignore[attr-defined]
+        ref = registry.add_tokenizer(word_tokenizer_json, "words")
+        tokens = {role: registry.tokens.create(role, f"{role}-t", actor="test").token for role in ROLES}
+        yield Api(client, registry, ref.sha256, tokens)
+
+
+def plant_prefix(key: KeyMaterial, prompt: list[int], n: int, rng: np.random.Generator) -> list[int]:
+    """An answer drawn by the keyed race under prefix labels (every token before, prompt included)."""
+    keyed = KeyedSource(key.secret, key.spec)
+    ids = list(prompt)
+    while len(ids) < len(prompt) + n:
+        cand = rng.choice(np.arange(1, key.spec.tokenizer.vocab_size), size=40, replace=False)
+        probs = rng.dirichlet(np.full(40, 0.5))
+        ids.append(int(cand[race_winner(probs, seed_uniforms(keyed.seed(ids), cand))]))
+    return ids[len(prompt) :]
+
+
+def _create(api: Api, **body) -> str:
+    resp = api.call("POST", "/v1/keys", json={"name": "k", "tokenizer_sha256": api.tokenizer_sha256, **body})
+    assert resp.status_code == 201, resp.text
+    return str(resp.json()["key_id"])
+
+
+def test_a_prefix_mode_key_is_detected_with_the_prompt_ids(api):
+    key_id = _create(api, context_mode="prefix")
+    assert api.registry.get(key_id).spec.context_mode == "prefix"
+    rng = np.random.default_rng(3)
+    prompt = [int(x) for x in rng.integers(1, 500, size=12)]
+    answer = plant_prefix(api.registry.material(key_id), prompt, 120, rng)
+    body = {"token_ids": answer, "prompt_ids": prompt, "key_ids": [key_id]}
+    resp = api.call("POST", "/v1/detect", role="detector", json=body)
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    assert got["verdict"] == "watermarked" and got["n_scored"] == len(answer), got
+    assert got["p_value"] < 1e-8
+    direct = Detector([api.registry.material(key_id)]).detect(token_ids=prompt + answer, start=len(prompt))
+    assert got["p_value"] == direct.p_value
+    # Without its prompt a prefix key's labels are other labels: the evidence is gone (the
+    # p-value is uniform then; below 1e-4 one time in 10,000).
+    alone = api.call("POST", "/v1/detect", role="detector", json={"token_ids": answer, "key_ids": [key_id]})
+    assert alone.status_code == 200 and alone.json()["p_value"] > 1e-4, alone.text
+    # The batch takes it per item; the audit row says a prompt came with the IDs.
+    batch = api.call(
+        "POST",
+        "/v1/detect/batch",
+        role="detector",
+        json={"items": [{"token_ids": answer, "prompt_ids": prompt}], "key_ids": [key_id]},
+    )
+    assert batch.status_code == 200 and batch.json()["results"][0]["p_value"] == direct.p_value, batch.text
+    assert api.registry.audit.page(limit=1, action="detect")[0].result["input"] == "prompt_and_token_ids"
+
+
+def test_a_window_key_scores_the_answers_first_tokens_with_the_prompt_and_vllm_keys_ignore_it(api):
+    window_id = _create(api, context_width=4)
+    rng = np.random.default_rng(4)
+    prompt = [int(x) for x in rng.integers(1, 500, size=8)]
+    answer = [int(x) for x in rng.integers(1, 500, size=60)]
+    with_prompt = api.call(
+        "POST",
+        "/v1/detect",
+        role="detector",
+        json={"token_ids": answer, "prompt_ids": prompt, "key_ids": [window_id]},
+    ).json()
+    without = api.call(
+        "POST", "/v1/detect", role="detector", json={"token_ids": answer, "key_ids": [window_id]}
+    ).json()
+    assert (
+        with_prompt["n_scored"] == without["n_scored"] + 4
+    )  # the first h positions' windows reach into the prompt
+    vllm = api.call(
+        "POST",
+        "/v1/keys/vllm",
+        json={
+            "name": "prod",
+            "tokenizer_sha256": api.tokenizer_sha256,
+            "watermark_config": {"key": VLLM_KEY},
+        },
+    ).json()
+    a = api.call(
+        "POST",
+        "/v1/detect",
+        role="detector",
+        json={"token_ids": answer, "prompt_ids": prompt, "key_ids": [vllm["key_id"]]},
+    ).json()
+    b = api.call(
+        "POST", "/v1/detect", role="detector", json={"token_ids": answer, "key_ids": [vllm["key_id"]]}
+    ).json()
+    assert (a["p_value"], a["n_scored"]) == (b["p_value"], b["n_scored"])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"text": "w1 w2 w3", "prompt_ids": [1, 2]},  # a text's IDs depend on each key's tokenizer
+        {"token_ids": [1, 2], "prompt_ids": []},
+        {"token_ids": [1, 2], "prompt_ids": None},
+        {"token_ids": [1, 2], "prompt_ids": [-1]},
+    ],
+)
+def test_bad_prompt_ids_are_a_422(api, body):
+    resp = api.call("POST", "/v1/detect", role="detector", json=body)
+    assert resp.status_code == 422 and resp.json()["code"] == "validation_error", resp.text
+
+
+def test_an_admin_registers_a_vllm_key_audited_and_the_secret_never_comes_back(api, planted):
+    config = {"key": VLLM_KEY, "algorithm": "dual_key_gumbel", "alpha": 0.3}
+    body = {"name": "prod-vllm", "tokenizer_sha256": api.tokenizer_sha256, "watermark_config": config}
+    for role in ("detector", "auditor", "generator"):
+        assert api.call("POST", "/v1/keys/vllm", role=role, json=body).status_code == 403
+    resp = api.call("POST", "/v1/keys/vllm", json=body)
+    assert resp.status_code == 201, resp.text
+    info = resp.json()
+    assert info["spec"]["scheme"] == "vllm-dual-key-gumbel" and info["spec"]["dual_key_alpha"] == 0.3
+    shown = api.call("GET", f"/v1/keys/{info['key_id']}").text + api.call("GET", "/v1/keys").text
+    audit = api.call("GET", "/v1/audit").text
+    for secret in (str(VLLM_KEY), hex(VLLM_KEY)[2:]):
+        assert secret not in resp.text + shown + audit
+    assert api.registry.audit.page(limit=1)[0].action == "key_create"
+    # what it registered detects what vLLM's sampler writes with that key
+    ids = planted(api.registry.material(info["key_id"]), 200, np.random.default_rng(8))
+    got = api.call("POST", "/v1/detect", role="detector", json={"token_ids": ids}).json()
+    assert got["verdict"] == "watermarked" and got["key_id"] == info["key_id"]
+
+
+@pytest.mark.parametrize(
+    ("config", "status"),
+    [
+        ({}, 422),  # no secret key
+        ({"key": -1}, 422),
+        ({"key": 2**64}, 422),
+        ({"key": True}, 422),
+        ({"key": 1, "algorithm": "kgw"}, 422),
+        ({"key": 1, "algorithm": ["gumbel"]}, 422),
+        ({"key": 1, "alpha": 1.5}, 422),
+        ({"key": 1, "context_width": 0}, 422),
+        ({"key": 1, "prf": "hmac"}, 422),
+        ({"key": 1, "unknown": 1}, 422),
+    ],
+)
+def test_a_bad_vllm_config_is_a_422_that_does_not_echo_it(api, config, status):
+    body = {"name": "v", "tokenizer_sha256": api.tokenizer_sha256, "watermark_config": config}
+    resp = api.call("POST", "/v1/keys/vllm", json=body)
+    assert resp.status_code == status, resp.text
+    assert str(VLLM_KEY) not in resp.text and "18446744073709551616" not in resp.text
+
+
+def test_a_vllm_key_needs_a_stored_tokenizer(api):
+    body = {"name": "v", "tokenizer_sha256": "0" * 64, "watermark_config": {"key": 1}}
+    resp = api.call("POST", "/v1/keys/vllm", json=body)
+    assert resp.status_code == 404 and resp.json()["code"] == "tokenizer_not_found", resp.text
