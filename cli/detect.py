@@ -14,8 +14,11 @@ from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, fail, open_registry, print_json
 from wmark.cli.options import KeyIds
 from wmark.detector import Detection, Detector
+from wmark.detector.receipt import detection_claims
 from wmark.errors import InputError
 from wmark.keys.audit import detection_entry, text_digest
+from wmark.keys.receipt_keys import default_issuer
+from wmark.receipts import text_sha256, token_ids_sha256
 
 DEFAULT_MAX_BYTES = 4 << 20
 # Detection holds about 130 bytes (tokens, scores, windows) per byte of text at its peak
@@ -100,6 +103,15 @@ def detect(
             min=1,
         ),
     ] = DEFAULT_MAX_BYTES,
+    receipt: Annotated[
+        Path | None,
+        typer.Option(
+            "--receipt",
+            help="Write a signed receipt of each verdict to this file, one per line in input order "
+            "(check one offline with `wmark receipt verify`).",
+            dir_okay=False,
+        ),
+    ] = None,
 ) -> None:
     """Detect the watermark in text files, with exact p-values (no model needed); each answer is audited.
 
@@ -109,6 +121,7 @@ def detect(
       cat answer.txt | wmark detect --json
       wmark detect a.txt b.txt --key wk_3f9a1c2b7d4e --alpha 0.001
       wmark generate --json "Why is the sky blue?" > gen.json && wmark detect --generation gen.json
+      wmark detect answer.txt --receipt answer.receipt
     """
     if not 0.0 < alpha < 1.0:
         raise fail(f"--alpha must be between 0 and 1, got {alpha}")
@@ -129,7 +142,7 @@ def detect(
         else:
             results = [detector.detect(t, alpha=alpha, source=s) for s, t in zip(labels, texts, strict=True)]
         actor, tested = cli_actor(), [k.key_id for k in detector.keys]
-        registry.audit.append(  # one row per input, like the service; the text itself is never stored
+        rows = registry.audit.append(  # one row per input, like the service; the text itself is never stored
             *(
                 detection_entry(
                     actor=actor,
@@ -140,6 +153,21 @@ def detect(
                 for t, r in zip(texts, results, strict=True)
             )
         )
+        if receipt is not None:
+            signer = registry.receipt_keys.signer(default_issuer(), actor=actor)
+            inputs = (
+                [_generation_input(p, t) for p, t, _ in records]
+                if generation
+                else [("text", text_sha256(t)) for t in texts]
+            )
+            lines = [
+                signer.sign(
+                    detection_claims(r, detector.keys, input_kind=kind, input_sha256=digest),
+                    audit_seq=row.seq,
+                )
+                for r, (kind, digest), row in zip(results, inputs, rows, strict=True)
+            ]
+            _write_receipts(receipt, lines)
     if as_json:
         for r in results:
             print_json(r.to_dict(include_tokens=False))
@@ -147,6 +175,20 @@ def detect(
         _table(results)
     if check and any(r.verdict != "watermarked" for r in results):
         raise typer.Exit(1)
+
+
+def _generation_input(prompt: list[int], tokens: list[int]) -> tuple[str, str]:
+    """The input kind and SHA-256 a receipt gives a `--generation` record (its token IDs)."""
+    if prompt:
+        return "prompt_and_token_ids", token_ids_sha256(tokens, prompt)
+    return "token_ids", token_ids_sha256(tokens)
+
+
+def _write_receipts(path: Path, lines: list[str]) -> None:
+    try:
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--receipt {path}: cannot write ({exc.strerror or exc})") from None
 
 
 def _table(results: list[Detection]) -> None:

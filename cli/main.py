@@ -11,6 +11,7 @@ from wmark.cli import detect as detect_cmd
 from wmark.cli import eval as eval_cmd
 from wmark.cli import generate as generate_cmd
 from wmark.cli import keys as keys_cmd
+from wmark.cli import receipt as receipt_cmd
 from wmark.cli import scan as scan_cmd
 from wmark.cli import serve as serve_cmd
 from wmark.cli import tokens as tokens_cmd
@@ -33,6 +34,7 @@ app.command("detect")(detect_cmd.detect)
 app.command("scan")(scan_cmd.scan)
 app.add_typer(audit_cmd.app, name="audit")
 app.add_typer(tokens_cmd.app, name="tokens")
+app.add_typer(receipt_cmd.app, name="receipt")
 app.command("serve")(serve_cmd.serve)
 app.command("migrate")(serve_cmd.migrate)
 
