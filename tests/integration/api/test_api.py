@@ -35,6 +35,7 @@ ALLOWED = {
     "/v1/detect": {"detector", "admin"},
     "/v1/detect/batch": {"detector", "admin"},
     "/v1/keys": {"admin"},
+    "/v1/keys/vllm": {"admin"},
     "/v1/keys/{key_id}": {"admin"},
     "/v1/keys/{key_id}/rotate": {"admin"},
     "/v1/keys/{key_id}/revoke": {"admin"},
@@ -159,6 +160,12 @@ def _request_for(path: str, api: Api) -> tuple[str, str, dict]:
         return "GET", concrete, {}
     if path.endswith(("/rotate", "/revoke")):
         return "POST", concrete, {}
+    if path == "/v1/keys/vllm":
+        return (
+            "POST",
+            concrete,
+            {"json": {"name": "v", "tokenizer_sha256": "0" * 64, "watermark_config": {"key": 1}}},
+        )
     return "GET", concrete, {}
 
 
