@@ -1,5 +1,5 @@
-"""ORM models of the registry (SQLAlchemy 2.0): tokenizers, keys, API tokens, the audit log and
-the signing keys of detection receipts.
+"""ORM models of the registry (SQLAlchemy 2.0): tokenizers, keys, API tokens, the audit log, the
+signing keys of detection receipts and the keys' calibrations.
 
 Schema changes go through Alembic migrations (keys/migrations/versions).
 """
@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Integer, LargeBinary, String, Text, TypeDecorator
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -18,6 +29,7 @@ __all__ = [
     "AuditHead",
     "Base",
     "Key",
+    "KeyCalibration",
     "ReceiptKey",
     "Tokenizer",
     "UTCDateTime",
@@ -141,3 +153,21 @@ class ReceiptKey(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class KeyCalibration(Base):
+    """One run of `wmark calibrate` on a key (`wmark.keys.calibrations`): the false-positive rate
+    measured on the user's own unwatermarked corpus; the newest row per key is the key's."""
+
+    __tablename__ = "key_calibrations"
+    __table_args__ = (Index("ix_key_calibrations_key_id", "key_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("keys.id"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    corpus_sha256: Mapped[str] = mapped_column(String(64))
+    spec_sha256: Mapped[str] = mapped_column(String(64))  # of the key's spec when calibrated
+    alpha: Mapped[float] = mapped_column(Float)
+    n_scored: Mapped[int] = mapped_column(Integer)
+    n_flagged: Mapped[int] = mapped_column(Integer)
+    report: Mapped[str] = mapped_column(Text)  # canonical JSON: the whole calibration report
