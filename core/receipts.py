@@ -199,7 +199,9 @@ def verify_receipt(
     for name, kind in _REQUIRED:
         if not isinstance(payload.get(name), kind):
             return Verification(ok=False, reason=f"not a receipt: no {name} in its payload", payload=payload)
-    if payload["v"] != VERSION or payload["type"] != RECEIPT_TYPE:
+    if payload["type"] != RECEIPT_TYPE:
+        return Verification(ok=False, reason=f"not a detection receipt: {payload['type']}", payload=payload)
+    if payload["v"] != VERSION:
         return Verification(
             ok=False, reason=f"a receipt of version {payload['v']}: upgrade wmark", payload=payload
         )
