@@ -88,15 +88,19 @@ def test_receipt_verifies_and_matches_its_text():
 
 
 def test_every_byte_flip_of_the_receipt_fails():
-    """Each byte of the receipt XOR a seeded non-zero mask: never valid (parse, canonical form,
-    signature or key lookup fails)."""
+    """The receipt as a file holds it (with its line break): each byte XOR a seeded non-zero
+    mask, and every mask at the line break and at a seeded sample of positions (a break turned
+    into a space or a tab is the same JSON to a parser): never valid."""
     receipt, keys = _receipt()
-    data = receipt.encode()
-    masks = np.random.default_rng(20261201).integers(1, 256, size=len(data))
-    for i, mask in enumerate(masks):
+    data = (receipt + "\n").encode()
+    rng = np.random.default_rng(20261201)
+    flips = [(i, int(mask)) for i, mask in enumerate(rng.integers(1, 256, size=len(data)))]
+    for i in [len(data) - 1, *rng.choice(len(data) - 1, size=16, replace=False).tolist()]:
+        flips += [(i, mask) for mask in range(1, 256)]
+    for i, mask in flips:
         flipped = bytearray(data)
-        flipped[i] ^= int(mask)
-        assert not verify_receipt(bytes(flipped), keys).ok, (i, bytes(flipped[max(0, i - 20) : i + 20]))
+        flipped[i] ^= mask
+        assert not verify_receipt(bytes(flipped), keys).ok, (i, mask, bytes(flipped[max(0, i - 20) : i + 20]))
 
 
 def test_every_byte_flip_of_the_text_fails():
