@@ -1,6 +1,6 @@
 """`wmark serve --generate` with the official `openai` client against a real uvicorn server.
 
-Tiny random word-level models built here (`word_model_dir`, with a chat template added). The
+The servers run in this process over tiny random word-level models (conftest.py). The
 streamed text is detected under the served key; every generation is audited; bad input gets
 OpenAI's error shape and the client's own exception types; a client that leaves stops its
 generation and a full queue answers 429. The disconnect and queue tests hold the model at a gate
@@ -17,118 +17,19 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from wmark.api import Settings, create_app
-from wmark.api.generate_settings import GenerationSettings
 from wmark.cli.main import app as cli_app
-from wmark.generator import engine
-from wmark.keys import KeyRegistry, RegistryConfig
 
-MODEL = "tiny"
-PROMPT = "w10 w11 w12 w13 w14 w15 w16 w17 w18 w19"
-WAIT_S = 120  # a safety net only: every wait below ends on a state change long before
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory, word_model_dir) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    out = {"target": word_model_dir(root / "target", 0), "drafter": word_model_dir(root / "drafter", 1)}
-    for path in out.values():  # the word models have no chat template: a plain one
-        (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
-    return out
-
-
-@dataclass
-class Served:
-    url: str
-    registry: KeyRegistry
-    key_id: str
-    tokens: dict[str, str]
-    app: object
-
-    def client(self, role: str = "generator", **kwargs) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.tokens[role], max_retries=0, **kwargs)
-
-    @property
-    def generation(self):
-        return self.app.state.generation  # type: ignore[attr-defined]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _until(condition: Callable[[], object], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
-def _setup_registry(target: Path) -> tuple[KeyRegistry, str, dict[str, str]]:
-    registry = KeyRegistry.open(RegistryConfig.from_env())  # SQLite under this test's WMARK_HOME
-    ref = registry.add_tokenizer((target / "tokenizer.json").read_bytes(), "words")
-    key = registry.create_key("served", ref)
-    roles = ("generator", "detector", "auditor", "admin")
-    tokens = {r: registry.tokens.create(r, f"{r}-test", actor="test").token for r in roles}
-    return registry, key.key_id, tokens
-
-
-@contextmanager
-def served(dirs: dict[str, Path], **generation: object) -> Iterator[Served]:
-    """create_app under uvicorn in a thread of this process (the test can reach its queue)."""
-    registry, key_id, tokens = _setup_registry(dirs["target"])
-    options = {
-        "target": str(dirs["target"]),
-        "drafter": str(dirs["drafter"]),
-        "method": "mpfr",
-        "model_name": MODEL,
-        "precision": "exact-fp32",
-        "max_tokens": 160,
-        "max_prompt_tokens": 64,
-    }
-    options.update(generation)
-    settings = Settings(
-        registry=RegistryConfig.from_env(),
-        migrate=True,
-        rate_per_second=1000.0,
-        rate_burst=1000,
-        auth_fail_per_second=1000.0,
-        auth_fail_burst=1000,
-    )
-    app = create_app(settings, GenerationSettings(**options))  # type: ignore[arg-type]
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    _until(lambda: server.started or not thread.is_alive(), "the server to start")
-    assert server.started, "the server did not start"
-    try:
-        yield Served(f"http://127.0.0.1:{port}", registry, key_id, tokens, app)
-    finally:
-        server.should_exit = True
-        thread.join(WAIT_S)
-        registry.close()
-
-
-def _generations(registry: KeyRegistry) -> list:
-    return registry.audit.page(limit=1000, action="generate")[::-1]  # oldest first
+# what the harness (conftest.py: `gen`, `gate`) serves and waits for
+MODEL, PROMPT, WAIT_S = "tiny", "w10 w11 w12 w13 w14 w15 w16 w17 w18 w19", 120
 
 
 def _detect(text: str, tmp_path: Path) -> dict:
@@ -139,8 +40,8 @@ def _detect(text: str, tmp_path: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def test_chat_and_completions_stream_and_detect_under_the_served_key(dirs, tmp_path):
-    with served(dirs) as srv:
+def test_chat_and_completions_stream_and_detect_under_the_served_key(gen, tmp_path):
+    with gen.served() as srv:
         client = srv.client()
         assert [m.id for m in client.models.list().data] == [MODEL]
         messages = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": PROMPT}]
@@ -196,7 +97,7 @@ def test_chat_and_completions_stream_and_detect_under_the_served_key(dirs, tmp_p
         assert all(e.startswith("data: {") for e in events[:-2])
 
         # every generation audited: digests, key, counts; never the text
-        rows = _generations(srv.registry)
+        rows = gen.generations(srv.registry)
         assert len(rows) == 5
         assert {r.actor for r in rows} == {f"token:{srv.tokens['generator'].split('_')[1]}"}
         assert all(r.key_ids == (srv.key_id,) for r in rows)
@@ -221,25 +122,19 @@ def test_chat_and_completions_stream_and_detect_under_the_served_key(dirs, tmp_p
         assert 'wmark_generations_total{finish_reason="length"} 5.0' in lines
 
 
-def _error(exc: openai.APIStatusError) -> dict:
-    body = exc.response.json()
-    assert set(body) == {"error"} and {"message", "type", "code"} <= set(body["error"])
-    return body["error"]
-
-
 @pytest.mark.parametrize("drafter", ["ngram", "auto"])
-def test_a_model_free_drafter_serves_the_same_text(dirs, drafter):
+def test_a_model_free_drafter_serves_the_same_text(gen, drafter):
     """`--drafter ngram|auto` work in the service too, and change nothing in the text."""
     ask = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40, "seed": 5}
-    with served(dirs) as srv:  # the tiny model drafter
+    with gen.served() as srv:  # the tiny model drafter
         key_id, expected = srv.key_id, srv.client().chat.completions.create(**ask).choices[0].message.content
-    with served(dirs, drafter=drafter, key_id=key_id) as srv:  # the same key in the same registry
+    with gen.served(drafter=drafter, key_id=key_id) as srv:  # the same key in the same registry
         assert srv.client().chat.completions.create(**ask).choices[0].message.content == expected
     assert expected
 
 
-def test_bad_input_gets_openai_errors_the_client_raises(dirs):
-    with served(dirs, max_tokens=50, max_prompt_tokens=20) as srv:
+def test_bad_input_gets_openai_errors_the_client_raises(gen):
+    with gen.served(max_tokens=50, max_prompt_tokens=20) as srv:
         client = srv.client()
         good = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4, "seed": 1}
         bad_requests = [
@@ -262,7 +157,7 @@ def test_bad_input_gets_openai_errors_the_client_raises(dirs):
         for change, code in bad_requests:
             with pytest.raises(openai.BadRequestError) as caught:
                 client.chat.completions.create(**{**good, **change})
-            error = _error(caught.value)
+            error = gen.error(caught.value)
             assert (error["code"], error["type"]) == (code, "invalid_request_error"), (change, error)
             assert caught.value.status_code == 400
         with pytest.raises(openai.BadRequestError):
@@ -271,15 +166,15 @@ def test_bad_input_gets_openai_errors_the_client_raises(dirs):
             client.completions.create(model=MODEL, prompt="", max_tokens=4)
         with pytest.raises(openai.NotFoundError) as caught:
             client.chat.completions.create(**{**good, "model": "gpt-4o"})
-        assert _error(caught.value)["code"] == "model_not_found"
+        assert gen.error(caught.value)["code"] == "model_not_found"
         for role in ("detector", "auditor"):
             with pytest.raises(openai.PermissionDeniedError) as caught:
                 srv.client(role).chat.completions.create(**good)
-            assert _error(caught.value)["type"] == "permission_error"
+            assert gen.error(caught.value)["type"] == "permission_error"
         bad_token = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="nonsense", max_retries=0)
         with pytest.raises(openai.AuthenticationError) as caught:
             bad_token.chat.completions.create(**good)
-        assert _error(caught.value)["type"] == "authentication_error"
+        assert gen.error(caught.value)["type"] == "authentication_error"
         with pytest.raises(openai.AuthenticationError):
             bad_token.models.list()
 
@@ -292,7 +187,7 @@ def test_bad_input_gets_openai_errors_the_client_raises(dirs):
 
         # admin may generate too; nothing rejected was generated or audited as a generation
         assert srv.client("admin").chat.completions.create(**good).usage.completion_tokens == 4
-        assert len(_generations(srv.registry)) == 1
+        assert len(gen.generations(srv.registry)) == 1
         assert client.chat.completions.create(**good).choices[0].message.content  # still serving
 
 
@@ -306,10 +201,10 @@ _FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens",
 _FIELDS += ["seed", "n", "stream", "stream_options", "stop", "user", "echo", "unknown"]
 
 
-def test_fuzzed_requests_get_a_4xx_in_openai_shape_never_a_5xx(dirs):
+def test_fuzzed_requests_get_a_4xx_in_openai_shape_never_a_5xx(gen):
     """A valid request with fields replaced by arbitrary JSON (or removed), and arbitrary bodies:
     each answer is a success or an OpenAI-shaped 4xx, and the server keeps serving."""
-    with served(dirs, max_tokens=4) as srv:
+    with gen.served(max_tokens=4) as srv:
         headers = {"Authorization": f"Bearer {srv.tokens['generator']}"}
         valid = {
             "/v1/chat/completions": {
@@ -354,27 +249,8 @@ def test_fuzzed_requests_get_a_4xx_in_openai_shape_never_a_5xx(dirs):
         )
 
 
-@pytest.fixture()
-def gate(monkeypatch):
-    """basic-uwm, but each block first waits for a permit from the test (`gate.release(n)`)."""
-    permits = threading.Semaphore(0)
-    real = engine.METHODS["basic-uwm"]
-
-    def gated(inputs):
-        permits.acquire()
-        return real.block(inputs)
-
-    monkeypatch.setitem(engine.METHODS, "basic-uwm", engine.Method(gated, True, False, False))
-    return permits
-
-
-def _job_cancelled(srv: Served) -> bool:
-    job = srv.generation.current
-    return job is not None and job.cancelled.is_set()
-
-
-def test_a_client_that_disconnects_stops_its_generation(dirs, gate):
-    with served(dirs, method="basic-uwm", max_tokens=100) as srv:
+def test_a_client_that_disconnects_stops_its_generation(gen, gate):
+    with gen.served(method="basic-uwm", max_tokens=100) as srv:
         stream = srv.client().chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=100, seed=1, stream=True
         )
@@ -385,10 +261,10 @@ def test_a_client_that_disconnects_stops_its_generation(dirs, gate):
             if seen == 3:
                 break
         stream.close()
-        _until(lambda: _job_cancelled(srv), "the server to notice the disconnect")
+        gen.until(lambda: gen.job_cancelled(srv), "the server to notice the disconnect")
         gate.release(1000)
-        _until(lambda: len(_generations(srv.registry)) == 1, "the generation's audit row")
-        row = _generations(srv.registry)[0]
+        gen.until(lambda: len(gen.generations(srv.registry)) == 1, "the generation's audit row")
+        row = gen.generations(srv.registry)[0]
         assert row.result["finish_reason"] == "cancelled"
         # it stopped at the block boundary after the disconnect: the worker was at most one
         # block past what the client read (it may not yet have started the fourth)
@@ -397,7 +273,7 @@ def test_a_client_that_disconnects_stops_its_generation(dirs, gate):
             pass
         # the worker writes the audit row before it lets go of the job: wait until it has, or the
         # wait below for "the generation to start" could see the first (cancelled) job still there
-        _until(lambda: srv.generation.current is None, "the first generation to be let go")
+        gen.until(lambda: srv.generation.current is None, "the first generation to be let go")
 
         # the same without streaming: the request is written by hand and the socket closed
         body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 100, "seed": 1}).encode()
@@ -405,52 +281,52 @@ def test_a_client_that_disconnects_stops_its_generation(dirs, gate):
             f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer {srv.tokens['generator']}\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode() + body
-        port = int(srv.url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port)) as sock:
+        with socket.create_connection(("127.0.0.1", srv.port)) as sock:
             sock.sendall(request)
-            _until(lambda: srv.generation.current is not None, "the generation to start")
-        _until(lambda: _job_cancelled(srv), "the server to notice the disconnect")
+            gen.until(lambda: srv.generation.current is not None, "the generation to start")
+        gen.until(lambda: gen.job_cancelled(srv), "the server to notice the disconnect")
         gate.release(1000)
-        _until(lambda: len(_generations(srv.registry)) == 2, "the generation's audit row")
-        row = _generations(srv.registry)[1]
+        gen.until(lambda: len(gen.generations(srv.registry)) == 2, "the generation's audit row")
+        row = gen.generations(srv.registry)[1]
         assert row.result["finish_reason"] == "cancelled" and row.result["completion_tokens"] <= 1
 
 
-def test_a_full_queue_answers_429_with_retry_after(dirs, gate):
-    with served(dirs, method="basic-uwm", max_queue=1) as srv:
+def test_a_full_queue_answers_429_with_retry_after(gen, gate):
+    with gen.served(method="basic-uwm", max_queue=1) as srv:
         client = srv.client()
         ask = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 50, "seed": 2}
         running = client.chat.completions.create(**ask, stream=True)
-        _until(lambda: srv.generation.current is not None, "the first request to generate")
+        gen.until(lambda: srv.generation.current is not None, "the first request to generate")
         waiting = client.chat.completions.create(**ask, stream=True)  # the queue's one place
         with pytest.raises(openai.RateLimitError) as caught:
             client.chat.completions.create(**ask)
-        assert _error(caught.value)["code"] == "queue_full"
+        assert gen.error(caught.value)["code"] == "queue_full"
         assert int(caught.value.response.headers["retry-after"]) >= 1
         metrics = httpx.get(
             f"{srv.url}/metrics", headers={"Authorization": f"Bearer {srv.tokens['auditor']}"}
         )
         assert "wmark_generation_queue_length 1.0" in metrics.text.splitlines()
         running.close()
-        _until(lambda: _job_cancelled(srv), "the server to notice the disconnect")
+        gen.until(lambda: gen.job_cancelled(srv), "the server to notice the disconnect")
         gate.release(1000)
         rest = list(waiting)  # the waiting request runs once the model is free
         assert rest[-1].choices[0].finish_reason == "length"
-        first, second = _generations(srv.registry)
+        first, second = gen.generations(srv.registry)
         assert first.result["finish_reason"] == "cancelled" and first.result["completion_tokens"] <= 1
         assert second.result["finish_reason"] == "length" and second.result["completion_tokens"] == 50
         assert client.chat.completions.create(**{**ask, "max_tokens": 3}).usage.completion_tokens == 3
 
 
-def test_wmark_serve_generate_end_to_end(dirs, tmp_path):
+def test_wmark_serve_generate_end_to_end(gen, tmp_path):
     """The command as a user runs it, in its own process, streaming to the openai client."""
-    registry, key_id, tokens = _setup_registry(dirs["target"])
+    registry, key_id, tokens = gen.setup_registry()
     registry.close()
     refused = CliRunner().invoke(cli_app, ["serve", "--generate", "--workers", "2"])
     assert refused.exit_code == 2 and "serves one model pair" in refused.output
-    port = _free_port()
+    port = gen.free_port()
     cmd = [sys.executable, "-m", "wmark.cli", "serve", "--port", str(port), "--generate"]
-    cmd += ["--target", str(dirs["target"]), "--drafter", str(dirs["drafter"]), "--precision", "exact-fp32"]
+    cmd += ["--target", str(gen.dirs["target"]), "--drafter", str(gen.dirs["drafter"])]
+    cmd += ["--precision", "exact-fp32"]
     cmd += ["--model-name", MODEL, "--key", key_id]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WMARK_GENERATE_", "PROMETHEUS"))}
     log = tmp_path / "server.log"
@@ -466,7 +342,7 @@ def test_wmark_serve_generate_end_to_end(dirs, tmp_path):
             except httpx.TransportError:
                 return False
 
-        _until(ready, "wmark serve --generate")
+        gen.until(ready, "wmark serve --generate")
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=tokens["generator"], max_retries=0)
         stream = client.chat.completions.create(
             model=MODEL,
