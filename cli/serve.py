@@ -67,6 +67,14 @@ def serve(
     access_log: Annotated[
         bool, typer.Option("--access-log/--no-access-log", help="Log each request.")
     ] = True,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            envvar=["WMARK_FORWARDED_ALLOW_IPS", "FORWARDED_ALLOW_IPS"],
+            help="Proxies (comma-separated addresses or networks, '*' for any) whose X-Forwarded-For"
+            " and X-Forwarded-Proto are trusted; default none: the client is the TCP peer.",
+        ),
+    ] = None,
     generate: Annotated[
         bool,
         typer.Option(
@@ -107,6 +115,7 @@ def serve(
     Examples:
       wmark serve
       WMARK_DATABASE_URL=postgresql+psycopg://wmark@db/wmark wmark serve --host 0.0.0.0 --workers 4
+      wmark serve --forwarded-allow-ips 10.0.0.5      # behind a reverse proxy at 10.0.0.5
       wmark serve --generate --method mpfr --key wk_0123456789ab
     """
     import uvicorn
@@ -150,6 +159,10 @@ def serve(
             workers=workers,
             log_level=log_level,
             access_log=access_log,
+            # uvicorn trusts X-Forwarded-For from 127.0.0.1 by default: any local client could
+            # then choose the address its failed authentications are limited and audited under
+            proxy_headers=bool(forwarded_allow_ips),
+            forwarded_allow_ips=forwarded_allow_ips or None,
             server_header=False,
             timeout_graceful_shutdown=30,
             http="wmark.api.protocol:JsonErrorHttpToolsProtocol",  # protocol-level 400s in the JSON shape
