@@ -3,8 +3,9 @@
 Secrets are generated here, sealed under the master key before they touch the database, and
 leave only as `KeyMaterial` (whose `Secret` is redacted in any repr). `KeyInfo` is the public
 view: everything but the secret. Every key change is written to the audit log in the same
-transaction as the change; the registry also hands out the database's `AuditLog`, `TokenStore`
-and `ReceiptKeyStore` (the signing keys of detection receipts).
+transaction as the change; the registry also hands out the database's `AuditLog`, `TokenStore`,
+`ReceiptKeyStore` (the signing keys of detection receipts) and `CalibrationStore` (the keys'
+false-positive rates measured by `wmark calibrate`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from wmark.errors import (
 from wmark.keymaterial import KeyMaterial, KeyStatus
 from wmark.keys.audit import AuditEntry
 from wmark.keys.audit_log import AuditLog
+from wmark.keys.calibrations import CalibrationStore
 from wmark.keys.config import RegistryConfig
 from wmark.keys.crypto import MasterKey
 from wmark.keys.db import make_engine, make_sessionmaker, upgrade
@@ -125,6 +127,7 @@ class KeyRegistry:
         self.audit = AuditLog(self.sessions)
         self.tokens = TokenStore(self.sessions)
         self.receipt_keys = ReceiptKeyStore(self.sessions, master_key)
+        self.calibrations = CalibrationStore(self.sessions)
 
     @classmethod
     def open(cls, config: RegistryConfig | None = None, *, migrate: bool = True) -> KeyRegistry:
