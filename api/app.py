@@ -16,7 +16,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from wmark import __version__
-from wmark.api import access_log, audit_routes, detect_routes, health_routes, key_routes, page
+from wmark.api import (
+    access_log,
+    audit_routes,
+    detect_routes,
+    health_routes,
+    key_routes,
+    page,
+    receipt_routes,
+)
 from wmark.api.deps import Service
 from wmark.api.detectors import DetectorCache
 from wmark.api.errors import install_error_handlers
@@ -126,7 +134,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
         app.add_middleware(OpenAIErrorMiddleware, paths=generate_routes.OPENAI_PATHS)  # reshapes 413s too
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees 413s too
     app.router.routes.insert(0, FastDetectRoute(app))  # first: ahead of the FastAPI route of POST /v1/detect
-    for module in (detect_routes, key_routes, audit_routes, health_routes, page):
+    for module in (detect_routes, key_routes, audit_routes, receipt_routes, health_routes, page):
         app.include_router(module.router)
     return app
 

@@ -9,7 +9,6 @@ group commit, not per request).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -24,23 +23,29 @@ from wmark.api.detectors import KeysChanged, KeySet
 from wmark.api.errors import AUTHENTICATED, TextTooLong, documented
 from wmark.api.schemas import BatchRequest, BatchResponse, DetectItem, DetectRequest, DetectResponse
 from wmark.detector import Detection, Detector
+from wmark.detector.receipt import detection_claims
 from wmark.keys.audit import AuditEntry, detection_entry, text_digest
 from wmark.keys.tokens import TokenInfo, TokenRejected, TokenStore
+from wmark.receipts import token_ids_sha256
 
-__all__ = ["detect", "detect_all", "detect_one", "json_response", "router"]
+__all__ = ["detect", "detect_all", "detect_one", "input_digest", "input_kind", "json_response", "router"]
 
 router = APIRouter(tags=["detect"], responses=documented(*AUTHENTICATED, 404, 409))
 
 
 def input_digest(item: DetectItem) -> str:
     """SHA-256 of the text, or of the token IDs as comma-separated decimals (with a prompt: its
-    IDs likewise, then "|", then the answer's)."""
+    IDs likewise, then "|", then the answer's); receipts hash the input alike."""
     if item.text is not None:
         return text_digest(item.text)
-    ids = ",".join(str(i) for i in item.token_ids or [])
-    if item.prompt_ids is not None:
-        ids = ",".join(str(i) for i in item.prompt_ids) + "|" + ids
-    return hashlib.sha256(ids.encode("ascii")).hexdigest()
+    return token_ids_sha256(item.token_ids or [], item.prompt_ids)
+
+
+def input_kind(item: DetectItem) -> str:
+    """What the audit row and the receipt say was tested."""
+    if item.text is not None:
+        return "text"
+    return "prompt_and_token_ids" if item.prompt_ids else "token_ids"
 
 
 def _check_size(service: Service, items: Sequence[DetectItem]) -> None:
@@ -95,11 +100,7 @@ def _entry(actor: str, item: DetectItem, detector: Detector, answer: dict[str, A
         key_ids=[k.key_id for k in detector.keys],
         text_sha256=input_digest(item),
         detection=answer,  # the audited fields are picked from it; per-token evidence is not
-        input_kind="text"
-        if item.text is not None
-        else "prompt_and_token_ids"
-        if item.prompt_ids
-        else "token_ids",
+        input_kind=input_kind(item),
     )
 
 
@@ -115,6 +116,7 @@ def detect_all(
     key_ids: Sequence[str] | None,
     alpha: float,
     return_tokens: bool,
+    receipt: bool = False,
 ) -> list[dict[str, Any]]:
     _check_size(service, items)
     for attempt in range(_ATTEMPTS):
@@ -144,7 +146,26 @@ def detect_all(
     for detection, answer, record in zip(detections, answers, records, strict=True):
         service.metrics.verdicts.labels(detection.verdict).inc()
         answer["audit_seq"] = record.seq
+    if receipt:
+        _sign(service, token, items, keys.detector, detections, answers)
     return answers
+
+
+def _sign(
+    service: Service,
+    token: TokenInfo,
+    items: Sequence[DetectItem],
+    detector: Detector,
+    detections: Sequence[Detection],
+    answers: Sequence[dict[str, Any]],
+) -> None:
+    """Add each answer's signed receipt (after its audit row, whose seq the receipt names)."""
+    signer = service.registry.receipt_keys.signer(service.settings.receipt_issuer, actor=token.actor)
+    for item, detection, answer in zip(items, detections, answers, strict=True):
+        claims = detection_claims(
+            detection, detector.keys, input_kind=input_kind(item), input_sha256=input_digest(item)
+        )
+        answer["receipt"] = signer.sign(claims, audit_seq=answer["audit_seq"])
 
 
 async def detect_one(
@@ -161,6 +182,7 @@ async def detect_one(
             key_ids=body.key_ids,
             alpha=body.alpha,
             return_tokens=body.return_tokens,
+            receipt=body.receipt,
         )
     )
     return answers[0]
@@ -210,6 +232,7 @@ async def detect_batch(
             key_ids=body.key_ids,
             alpha=body.alpha,
             return_tokens=body.return_tokens,
+            receipt=body.receipt,
         )
     )
     return json_response({"results": results})

@@ -40,6 +40,7 @@ __all__ = [
     "KeyCreate",
     "KeyList",
     "KeyPublic",
+    "ReceiptKeySet",
     "VerifyOut",
     "VllmConfigIn",
     "VllmKeyCreate",
@@ -138,6 +139,11 @@ class DetectRequest(DetectItem):
     key_ids: KeyIds | None = Field(None, description="Keys to test; default every active and retired key.")
     alpha: Alpha = Field(0.01, description="Significance level, family-wise over the keys tested.")
     return_tokens: bool = Field(False, description="Include per-token evidence (pivots) for highlighting.")
+    receipt: bool = Field(
+        False,
+        description="Include a signed receipt of the verdict (`receipt`: canonical JSON, Ed25519; "
+        "verify it offline against GET /v1/receipts/keys).",
+    )
 
 
 class BatchRequest(_Strict):
@@ -147,6 +153,7 @@ class BatchRequest(_Strict):
     key_ids: KeyIds | None = None
     alpha: Alpha = 0.01
     return_tokens: bool = False
+    receipt: bool = Field(False, description="A signed receipt with each result.")
 
 
 def _mirror(
@@ -185,6 +192,10 @@ DetectResponse = _mirror(
     "A verdict (the fields of `wmark detect --json`) and the audit row that records it.",
     types={"keys": "list[KeyResultOut]", "tokens": "list[TokenOut] | None"},
     audit_seq=(int, ...),
+    receipt=(
+        str | None,
+        Field(None, description="The signed receipt, when asked for: keep these exact bytes to verify it."),
+    ),
 )
 BatchResponse = _model(
     "BatchResponse", "Results in the order of the items.", results=("list[DetectResponse]", ...)
@@ -305,3 +316,27 @@ class VerifyOut(BaseModel):
     head_hash: str
     first_bad_seq: int | None
     reason: str | None
+
+
+class ReceiptKeyOut(BaseModel):
+    """A receipt signing key as a JWK (RFC 8037), with its status; `kid` is its RFC 7638 thumbprint."""
+
+    kty: Literal["OKP"]
+    crv: Literal["Ed25519"]
+    x: str = Field(description="The public key: 32 bytes, base64url without padding.")
+    kid: str
+    alg: Literal["EdDSA"]
+    use: Literal["sig"]
+    status: Literal["active", "retired", "revoked"] = Field(
+        description="active: signs now; retired: rotated out, its receipts still verify; "
+        "revoked: they do not.",
+    )
+    created_at: str
+    retired_at: str | None = None
+    revoked_at: str | None = None
+
+
+class ReceiptKeySet(BaseModel):
+    """GET /v1/receipts/keys: a JWKS document of every signing key, revoked ones included."""
+
+    keys: list[ReceiptKeyOut]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from wmark.errors import InputError
 from wmark.keys import RegistryConfig
+from wmark.keys.receipt_keys import default_issuer
 
 __all__ = ["SERVE_PID_ENV", "Settings"]
 
@@ -74,12 +75,16 @@ class Settings:
         auth_fail_per_second, auth_fail_burst: token bucket of failed authentications per client
             address; past it, failures are answered 429 and no longer audited
             (`WMARK_API_AUTH_FAIL_RATE`, `WMARK_API_AUTH_FAIL_BURST`).
+        ready_timeout: seconds /readyz waits for the database before answering 503
+            (`WMARK_API_READY_TIMEOUT`).
         docs: serve the OpenAPI schema and /docs (`WMARK_API_DOCS`).
         serve_pid: the process id of the `wmark serve` that started this worker, which it
             exports as `WMARK_SERVE_PID` (`wmark.api.parent_watch`); None outside its workers.
         metrics_dir: Prometheus' multiprocess directory (`PROMETHEUS_MULTIPROC_DIR`, which
             `wmark serve` sets for its workers and prometheus_client reads too); None: the
             metrics live in this process.
+        receipt_issuer: who signs detection receipts, as they name the service
+            (`WMARK_RECEIPT_ISSUER`, default "wmark@<host name>").
     """
 
     registry: RegistryConfig
@@ -98,9 +103,11 @@ class Settings:
     redis_breaker_reset: float = 30.0
     auth_fail_per_second: float = 1.0
     auth_fail_burst: int = 20
+    ready_timeout: float = 2.0
     docs: bool = True
     serve_pid: int | None = None
     metrics_dir: str | None = None
+    receipt_issuer: str = "wmark"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -123,7 +130,9 @@ class Settings:
             redis_breaker_reset=env_number(env, "WMARK_REDIS_BREAKER_RESET", 30.0, minimum=0.1),
             auth_fail_per_second=env_number(env, "WMARK_API_AUTH_FAIL_RATE", 1.0, minimum=0.001),
             auth_fail_burst=int(env_number(env, "WMARK_API_AUTH_FAIL_BURST", 20, minimum=1)),
+            ready_timeout=env_number(env, "WMARK_API_READY_TIMEOUT", 2.0, minimum=0.01),
             docs=_flag(env, "WMARK_API_DOCS", True),
             serve_pid=int(pid) if (pid := env.get(SERVE_PID_ENV, "")).isdigit() else None,
             metrics_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None,
+            receipt_issuer=default_issuer(env),
         )
