@@ -1,7 +1,8 @@
 """Engines, sessions and schema migrations (Alembic, run programmatically).
 
-SQLite (the default) gets WAL, a busy timeout and foreign keys; PostgreSQL runs migrations under
-an advisory lock so that several processes starting at once cannot race each other.
+SQLite (the default) gets WAL, a busy timeout and foreign keys, and its file the guards of
+`wmark.keys.sqlite_file`; PostgreSQL runs migrations under an advisory lock so that several
+processes starting at once cannot race each other.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from wmark.errors import KeyRegistryError
+from wmark.keys.sqlite_file import guard_sqlite_file
 
 __all__ = ["downgrade", "head_revision", "make_engine", "make_sessionmaker", "schema_revision", "upgrade"]
 
@@ -40,6 +42,8 @@ def make_engine(url: str) -> Engine:
     else:
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, **kwargs)
+    if "poolclass" not in kwargs:  # a file: created whole, refused when empty, named when damaged
+        guard_sqlite_file(engine, Path(parsed.database).expanduser())
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -85,7 +89,10 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the schema to `revision` (idempotent)."""
     if revision == "head" and schema_revision(engine) == head_revision():
         return
-    command.upgrade(_alembic_config(engine), revision)
+    try:
+        command.upgrade(_alembic_config(engine), revision)
+    except DatabaseError as exc:  # e.g. a damaged file whose schema table was lost
+        raise KeyRegistryError(f"migrating the registry database failed: {exc.orig}") from exc
 
 
 def downgrade(engine: Engine, revision: str = "base") -> None:
