@@ -29,7 +29,7 @@ from wmark.detector import Detector, normalize, readings
 from wmark.keys import KeyInfo, KeyRegistry, RegistryConfig
 from wmark.keys.tokens import ROLES
 
-PUBLIC = {"/healthz", "/readyz", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json"}
+PUBLIC = {"/healthz", "/readyz", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/v1/receipts/keys"}
 # which roles each route admits (admin may do everything)
 ALLOWED = {
     "/v1/detect": {"detector", "admin"},
