@@ -48,16 +48,11 @@ def keys_cmd(
     if as_json:
         print_json({"keys": [i.to_jwk() for i in infos]})
         return
-    table = Table("status", "created", "retired", "revoked")
+    table = Table("status", "since")
     table.add_column("kid", no_wrap=True)
     for i in infos:
-        table.add_row(
-            i.status,
-            f"{i.created_at:%Y-%m-%d %H:%M}",
-            f"{i.retired_at:%Y-%m-%d %H:%M}" if i.retired_at else "",
-            f"{i.revoked_at:%Y-%m-%d %H:%M}" if i.revoked_at else "",
-            i.kid,
-        )
+        since = i.revoked_at or i.retired_at or i.created_at
+        table.add_row(i.status, f"{since:%Y-%m-%d %H:%M}", i.kid)
     console.print(table)
 
 
