@@ -8,16 +8,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from wmark.cli.audit import cli_actor
-from wmark.cli.common import console, fail, open_registry, print_json
+from wmark.cli.common import console, err_console, fail, open_registry, print_json
 from wmark.cli.options import KeyIds
 from wmark.detector import Detection, Detector
 from wmark.detector.receipt import detection_claims
 from wmark.errors import InputError
 from wmark.keys.audit import detection_entry, text_digest
 from wmark.keys.receipt_keys import default_issuer
+from wmark.keys.registry import no_usable_key
 from wmark.receipts import text_sha256, token_ids_sha256
 
 DEFAULT_MAX_BYTES = 4 << 20
@@ -132,7 +134,16 @@ def detect(
     # All inputs are checked before any work is done.
     texts = [text for *_, text in records] if generation else [_read(s, max_bytes) for s in sources]
     with open_registry() as registry:
-        detector = Detector(registry.detection_keys(key), registry.tokenizer_json)
+        keys, skipped = registry.open_detection_keys(key)
+        if skipped and not keys:
+            raise no_usable_key(skipped, requested=bool(key))
+        for left_out in skipped:  # one key sealed under another master key does not stop the others
+            err_console.print(
+                f"[yellow]warning:[/] {escape(f'key {left_out.key_id} left out: {left_out.message}')}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        detector = Detector(keys, registry.tokenizer_json)
         labels = [s if s != "-" else "stdin" for s in sources]
         if generation:
             results = [

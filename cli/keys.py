@@ -1,4 +1,4 @@
-"""`wmark keys`: create, list, show, rotate and revoke watermark keys."""
+"""`wmark keys`: create, list, show, rotate and revoke watermark keys; generate a master key."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.table import Table
 from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, embedded_tokenizer_loader, open_registry, print_json
 from wmark.detector.tokenize import read_tokenizer_source
-from wmark.keys import KeyInfo
+from wmark.keys import KeyInfo, MasterKey
 from wmark.spec import VLLM_SCHEMES
 from wmark.vllm_gumbel import VllmWatermarkConfig
 
@@ -201,3 +201,15 @@ def revoke(
     with open_registry() as registry:
         info = registry.revoke(key_id, actor=cli_actor())
     _show(info, as_json)
+
+
+@app.command("master-key")
+def master_key() -> None:
+    """Print a new random master key (base64 of 32 bytes) for WMARK_MASTER_KEY; touches no registry.
+
+    \b
+    Set it before the registry's first key: secrets are sealed under the master key the registry
+    was created with, and a registry refuses to write under any other.
+      export WMARK_MASTER_KEY=$(wmark keys master-key)
+    """
+    typer.echo(MasterKey.generate())

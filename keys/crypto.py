@@ -1,7 +1,12 @@
 """The master key and AES-256-GCM sealing of key secrets at rest.
 
 Each secret is sealed with a fresh 96-bit nonce and the key id as associated data, so a
-ciphertext copied onto another key's row does not decrypt.
+ciphertext copied onto another key's row does not decrypt. A known constant sealed the same way
+is the registry's *check value* (`seal_check`/`opens_check`, see `wmark.keys.master_check`): it
+tells whether a master key is the one the registry's secrets are sealed under, without a secret.
+
+A master key of one repeated byte (all zero), a short repeated pattern or a counting sequence is
+refused at load: it is what a placeholder or a test value decodes to, not a key.
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from wmark.errors import MasterKeyError
 from wmark.keys.config import RegistryConfig
 
-__all__ = ["MasterKey"]
+__all__ = ["GENERATE_HINT", "MasterKey"]
 
 _NONCE_BYTES = 12
 _PLACEHOLDERS = {"changethis", "changeme", "secret", ""}
+_CHECK_PLAINTEXT = b"wmark master-key check v1"
+_CHECK_ASSOCIATED = b"wmark.master-key-check"
+_MIN_DISTINCT_BYTES = 8  # a random 32-byte key has fewer with probability < 1e-36
+GENERATE_HINT = "generate one with `wmark keys master-key`"
 
 
 class MasterKey:
@@ -33,6 +42,9 @@ class MasterKey:
     def __init__(self, raw: bytes) -> None:
         if len(raw) != 32:
             raise MasterKeyError("the master key must be 32 bytes")
+        weakness = _weakness(raw)
+        if weakness is not None:
+            raise MasterKeyError(f"the master key is {weakness}, not a random key: {GENERATE_HINT}")
         self._aead = AESGCM(raw)
         self.key_id = hashlib.sha256(b"wmark.master-id.v1" + raw).hexdigest()[:16]
 
@@ -63,11 +75,33 @@ class MasterKey:
         except InvalidTag as exc:
             raise MasterKeyError("cannot decrypt a key secret: wrong master key or tampered row") from exc
 
+    def seal_check(self) -> bytes:
+        """The check value of this master key (a constant sealed under it)."""
+        return self.seal(_CHECK_PLAINTEXT, _CHECK_ASSOCIATED)
+
+    def opens_check(self, check_value: bytes) -> bool:
+        """Whether `check_value` was sealed under this master key."""
+        try:
+            return self.open(check_value, _CHECK_ASSOCIATED) == _CHECK_PLAINTEXT
+        except MasterKeyError:
+            return False
+
+
+def _weakness(raw: bytes) -> str | None:
+    """What makes `raw` trivially guessable, or None."""
+    if len(set(raw)) == 1:
+        return "one byte repeated"
+    if len(set(raw)) < _MIN_DISTINCT_BYTES:
+        return f"made of only {len(set(raw))} distinct byte values"
+    if len({(b - a) % 256 for a, b in zip(raw, raw[1:], strict=False)}) == 1:
+        return "a counting sequence"
+    return None
+
 
 def _parse(value: str) -> bytes:
     value = value.strip()
     if value.lower() in _PLACEHOLDERS:
-        raise MasterKeyError("WMARK_MASTER_KEY is a placeholder; generate one with `wmark keys master-key`")
+        raise MasterKeyError(f"WMARK_MASTER_KEY is a placeholder; {GENERATE_HINT}")
     if len(value) == 64:
         try:
             return bytes.fromhex(value)

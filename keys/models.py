@@ -30,6 +30,7 @@ __all__ = [
     "Base",
     "Key",
     "KeyCalibration",
+    "MasterKeyCheck",
     "ReceiptKey",
     "Tokenizer",
     "UTCDateTime",
@@ -171,3 +172,15 @@ class KeyCalibration(Base):
     n_scored: Mapped[int] = mapped_column(Integer)
     n_flagged: Mapped[int] = mapped_column(Integer)
     report: Mapped[str] = mapped_column(Text)  # canonical JSON: the whole calibration report
+
+
+class MasterKeyCheck(Base):
+    """The master-key check value (one row, id 1; `wmark.keys.master_check`): a constant sealed
+    under the master key of the registry's secrets, empty until the first write sets it."""
+
+    __tablename__ = "master_key_check"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    master_key_id: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    check_value: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    set_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

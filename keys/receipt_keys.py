@@ -31,6 +31,7 @@ from wmark.jwk import KeyState, b64url_decode, public_jwk
 from wmark.keys.audit import AuditEntry
 from wmark.keys.audit_log import AuditLog
 from wmark.keys.crypto import MasterKey
+from wmark.keys.master_check import ensure_master_key
 from wmark.keys.models import AuditHead, ReceiptKey, utcnow
 from wmark.keys.transactions import write_transaction
 from wmark.receipts import ReceiptSigner
@@ -141,6 +142,7 @@ class ReceiptKeyStore:
         return Ed25519PrivateKey.from_private_bytes(raw)
 
     def _new(self, session: Session) -> tuple[ReceiptKey, Ed25519PrivateKey]:
+        ensure_master_key(session, self.master_key)  # never sealed under a master key not the registry's
         key = Ed25519PrivateKey.generate()
         jwk = public_jwk(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
         private = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())

@@ -6,11 +6,16 @@ view: everything but the secret. Every key change is written to the audit log in
 transaction as the change; the registry also hands out the database's `AuditLog`, `TokenStore`,
 `ReceiptKeyStore` (the signing keys of detection receipts) and `CalibrationStore` (the keys'
 false-positive rates measured by `wmark calibrate`).
+
+No secret is sealed under a master key that is not the registry's (`wmark.keys.master_check`),
+and detection leaves out, with an error per key, a key that the master key cannot open (one
+sealed under another master key before that check existed) instead of failing for every key.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import zlib
@@ -38,6 +43,12 @@ from wmark.keys.calibrations import CalibrationStore
 from wmark.keys.config import RegistryConfig
 from wmark.keys.crypto import MasterKey
 from wmark.keys.db import make_engine, make_sessionmaker, upgrade
+from wmark.keys.master_check import (
+    KeyUnavailableError,
+    MasterKeyHealth,
+    WrongMasterKeyError,
+    ensure_master_key,
+)
 from wmark.keys.models import Key, Tokenizer, utcnow
 from wmark.keys.receipt_keys import ReceiptKeyStore
 from wmark.keys.tokens import TokenStore
@@ -46,7 +57,9 @@ from wmark.secret import Secret
 from wmark.spec import TokenizerRef, WatermarkSpec
 from wmark.vllm_gumbel import VllmWatermarkConfig
 
-__all__ = ["KeyInfo", "KeyRegistry", "TokenizerNotFoundError"]
+__all__ = ["KeyInfo", "KeyRegistry", "SkippedKey", "TokenizerNotFoundError", "no_usable_key"]
+
+log = logging.getLogger("wmark.keys")
 
 
 class TokenizerNotFoundError(TokenizerError):
@@ -97,6 +110,28 @@ class KeyInfo:
         }
 
 
+@dataclass(frozen=True)
+class SkippedKey:
+    """A detection key left out because the master key cannot open its secret, and why."""
+
+    key_id: str
+    message: str
+    code: str = KeyUnavailableError.code
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-ready dict (the per-key error of a detection answer)."""
+        return {"key_id": self.key_id, "code": self.code, "message": self.message}
+
+
+def no_usable_key(skipped: Sequence[SkippedKey], *, requested: bool) -> MasterKeyError:
+    """The error when every key to detect with was left out: the requested keys are unavailable
+    (409), or, for every key of the registry, the master key is not the registry's (503)."""
+    reasons = "; ".join(s.message for s in skipped)
+    if requested:
+        return KeyUnavailableError(reasons)
+    return WrongMasterKeyError(f"the master key opens none of the registry's detection keys: {reasons}")
+
+
 def _info(row: Key) -> KeyInfo:
     return KeyInfo(
         key_id=row.id,
@@ -128,6 +163,7 @@ class KeyRegistry:
         self.tokens = TokenStore(self.sessions)
         self.receipt_keys = ReceiptKeyStore(self.sessions, master_key)
         self.calibrations = CalibrationStore(self.sessions)
+        self.master_key_health = MasterKeyHealth(self.sessions, master_key)
 
     @classmethod
     def open(cls, config: RegistryConfig | None = None, *, migrate: bool = True) -> KeyRegistry:
@@ -138,7 +174,7 @@ class KeyRegistry:
         """
         config = RegistryConfig.from_env() if config is None else config
         master_key = MasterKey.load(config)
-        engine = make_engine(config.database_url)
+        engine = make_engine(config.database_url, config.timeouts)
         try:
             if migrate:
                 upgrade(engine)
@@ -256,6 +292,7 @@ class KeyRegistry:
             return _info(row)
 
     def _new_key(self, session: Session, name: str, spec: WatermarkSpec, secret: Secret | None = None) -> Key:
+        ensure_master_key(session, self.master_key)
         key_id = "wk_" + secrets.token_hex(6)
         secret = secret if secret is not None else new_secret()
         row = Key(
@@ -331,9 +368,7 @@ class KeyRegistry:
     def material(self, key_id: str, *, for_generation: bool = False) -> KeyMaterial:
         """The decrypted key. Revoked keys are refused; retired keys only detect."""
         with self.sessions() as session:
-            row = self._row(session, key_id)
-            if row.status == "revoked":
-                raise KeyRevokedError(f"key {key_id} is revoked")
+            row = self._detectable(session, key_id)
             if for_generation and WatermarkSpec.from_json(row.spec).is_vllm:
                 raise InputError(
                     f"key {key_id} holds vLLM's native watermark: vLLM generates it, wmark detects it"
@@ -362,22 +397,59 @@ class KeyRegistry:
         return self.material(active[0].key_id, for_generation=True)
 
     def detection_keys(self, key_ids: Sequence[str] | None = None) -> list[KeyMaterial]:
-        """Keys to detect with: the given ones, or every active and retired key."""
-        if key_ids:
-            return [self.material(k) for k in dict.fromkeys(key_ids)]
+        """Keys to detect with: the given ones, or every active and retired key; a key the master
+        key cannot open is left out with a warning in the log (`open_detection_keys` returns them).
+
+        Raises:
+            KeyUnavailableError, WrongMasterKeyError: every key was left out (`no_usable_key`).
+        """
+        keys, skipped = self.open_detection_keys(key_ids)
+        if skipped and not keys:
+            raise no_usable_key(skipped, requested=bool(key_ids))
+        for key in skipped:
+            log.warning("key %s left out of detection: %s", key.key_id, key.message)
+        return keys
+
+    def open_detection_keys(
+        self, key_ids: Sequence[str] | None = None
+    ) -> tuple[list[KeyMaterial], list[SkippedKey]]:
+        """Keys to detect with (the given ones, or every active and retired key), and the keys
+        left out because the master key cannot open them, each with its error.
+
+        Raises:
+            KeyNotFoundError, KeyRevokedError: a given key is unknown or revoked.
+        """
+        keys: list[KeyMaterial] = []
+        skipped: list[SkippedKey] = []
         with self.sessions() as session:
-            rows = session.scalars(
-                select(Key).where(Key.status != "revoked").order_by(Key.created_at, Key.id)
-            )
-            return [self._unseal(row) for row in rows]
+            if key_ids:
+                rows = [self._detectable(session, k) for k in dict.fromkeys(key_ids)]
+            else:
+                query = select(Key).where(Key.status != "revoked").order_by(Key.created_at, Key.id)
+                rows = list(session.scalars(query))
+            for row in rows:
+                try:
+                    keys.append(self._unseal(row))
+                except KeyUnavailableError as exc:
+                    skipped.append(SkippedKey(row.id, str(exc)))
+        return keys, skipped
+
+    def _detectable(self, session: Session, key_id: str) -> Key:
+        row = self._row(session, key_id)
+        if row.status == "revoked":
+            raise KeyRevokedError(f"key {key_id} is revoked")
+        return row
 
     def _unseal(self, row: Key) -> KeyMaterial:
         if row.master_key_id != self.master_key.key_id:
-            raise MasterKeyError(
+            raise KeyUnavailableError(
                 f"key {row.id} was sealed under master key {row.master_key_id}, "
                 f"but the configured master key is {self.master_key.key_id}"
             )
-        secret = Secret(self.master_key.open(row.secret_ciphertext, row.id.encode()))
+        try:
+            secret = Secret(self.master_key.open(row.secret_ciphertext, row.id.encode()))
+        except MasterKeyError as exc:
+            raise KeyUnavailableError(f"key {row.id}: {exc}") from exc
         status: KeyStatus = "active" if row.status == "active" else "retired"
         return KeyMaterial(
             key_id=row.id, secret=secret, spec=WatermarkSpec.from_json(row.spec), status=status
