@@ -25,6 +25,7 @@ from wmark.api import (
     page,
     receipt_routes,
 )
+from wmark.api.calibration_states import CalibrationStates
 from wmark.api.deps import Service
 from wmark.api.detectors import DetectorCache
 from wmark.api.errors import install_error_handlers
@@ -96,6 +97,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
             metrics=metrics,
             token_cache=TokenCache(registry.tokens),
             executor=executor,
+            calibration_states=CalibrationStates(registry.calibrations),
         )
         generator = None
         if generation is not None:  # torch loads only here

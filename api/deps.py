@@ -18,6 +18,7 @@ from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
 from fastapi.security.base import SecurityBase
 
 from wmark.api.admission import admit
+from wmark.api.calibration_states import CalibrationStates
 from wmark.api.detectors import DetectorCache
 from wmark.api.limits import RateLimiter
 from wmark.api.metrics import Metrics
@@ -54,6 +55,7 @@ class Service:
     metrics: Metrics
     token_cache: TokenCache
     executor: ThreadPoolExecutor
+    calibration_states: CalibrationStates
 
     async def in_thread(self, work: Callable[[], T]) -> T:
         """Run blocking work (detection, database writes) on the service's threads.

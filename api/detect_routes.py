@@ -143,9 +143,12 @@ def detect_all(
                 raise
             continue  # detect again with the keys as they are now
         break
+    warnings = service.calibration_states.warnings([k.key_id for k in keys.detector.keys])  # cached
     for detection, answer, record in zip(detections, answers, records, strict=True):
         service.metrics.verdicts.labels(detection.verdict).inc()
         answer["audit_seq"] = record.seq
+        if warnings:  # keys whose false-positive rate on the user's text is unmeasured
+            answer["calibration_warnings"] = warnings
     if receipt:
         _sign(service, token, items, keys.detector, detections, answers)
     return answers

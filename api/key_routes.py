@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Query
 
 from wmark.api.deps import AdminToken, ServiceDep
 from wmark.api.errors import AUTHENTICATED, documented
-from wmark.api.schemas import KeyCreate, KeyList, KeyPublic, VllmKeyCreate
+from wmark.api.schemas import KeyCreate, KeyDetail, KeyList, KeyPublic, VllmKeyCreate
 from wmark.vllm_gumbel import VllmWatermarkConfig
 
 __all__ = ["router"]
@@ -61,10 +61,15 @@ def create_vllm_key(body: VllmKeyCreate, token: AdminToken, service: ServiceDep)
     return info.to_dict()
 
 
-@router.get("/{key_id}", response_model=KeyPublic, summary="Show a key")
+@router.get("/{key_id}", response_model=KeyDetail, summary="Show a key and its calibration")
 def show_key(key_id: KeyIdPath, _token: AdminToken, service: ServiceDep) -> dict[str, Any]:
-    """One key's public view."""
-    return service.registry.get(key_id).to_dict()
+    """One key's public view, and its newest calibration (`wmark calibrate`: its false-positive
+    rate on the user's own text, with the corpus's hash and the date), null if it has none."""
+    calibration = service.registry.calibrations.latest(key_id)
+    return {
+        **service.registry.get(key_id).to_dict(),
+        "calibration": calibration.to_dict() if calibration is not None else None,
+    }
 
 
 @router.post("/{key_id}/rotate", response_model=KeyPublic, summary="Rotate a key")

@@ -33,11 +33,13 @@ __all__ = [
     "AuditPage",
     "BatchRequest",
     "BatchResponse",
+    "CalibrationOut",
     "DetectItem",
     "DetectRequest",
     "DetectResponse",
     "ErrorOut",
     "KeyCreate",
+    "KeyDetail",
     "KeyList",
     "KeyPublic",
     "ReceiptKeySet",
@@ -186,6 +188,13 @@ TokenOut = _mirror(
     TokenEvidence,
     "One token and its evidence: `pivot` is U(y_t, 1), `score` = -ln(1 - pivot); null where unscored.",
 )
+CalibrationWarningOut = _model(
+    "CalibrationWarningOut",
+    "A key tested whose false-positive rate was never measured on the user's text (`uncalibrated`), "
+    "or was measured under another spec (`stale`): `wmark calibrate` measures it.",
+    key_id=(str, ...),
+    state=(Literal["uncalibrated", "stale"], ...),
+)
 DetectResponse = _mirror(
     "DetectResponse",
     Detection,
@@ -195,6 +204,14 @@ DetectResponse = _mirror(
     receipt=(
         str | None,
         Field(None, description="The signed receipt, when asked for: keep these exact bytes to verify it."),
+    ),
+    calibration_warnings=(
+        "list[CalibrationWarningOut] | None",
+        Field(
+            None,
+            description="Keys tested that were never calibrated on the user's text, or under another "
+            "spec (absent if none): their false-positive rate there is unmeasured.",
+        ),
     ),
 )
 BatchResponse = _model(
@@ -278,6 +295,26 @@ class KeyPublic(BaseModel):
     revoked_at: str | None
     replaces: str | None
     replaced_by: str | None
+
+
+class CalibrationOut(BaseModel):
+    """A key's newest calibration (`wmark calibrate`): its false-positive rate on the user's text."""
+
+    calibration_id: str
+    created_at: str
+    corpus_sha256: str = Field(description="SHA-256 of the sorted SHA-256s of the corpus's texts.")
+    spec_sha256: str = Field(description="SHA-256 of the key's spec when it was calibrated.")
+    stale: bool = Field(description="The key's spec changed since: the calibration measured other p-values.")
+    alpha: float
+    n_scored: int = Field(description="Documents scored into the rate.")
+    n_flagged: int = Field(description="Of those, documents at p <= alpha.")
+    report: dict[str, Any] = Field(description="The whole report, as `wmark calibrate --json` prints it.")
+
+
+class KeyDetail(KeyPublic):
+    """GET /v1/keys/{key_id}: a key's public view and its newest calibration (null: never calibrated)."""
+
+    calibration: CalibrationOut | None
 
 
 class KeyList(BaseModel):
