@@ -208,18 +208,18 @@ def verify_receipt(
     key = keys.get(payload["kid"])
     if key is None:
         return Verification(ok=False, reason=f"signed by an unknown key {payload['kid']}", payload=payload)
-    found = {"payload": payload, "key_status": key.status}
     try:
         key.key.verify(_signature(receipt["signature"]), canonical_json(payload))
     except (InvalidSignature, ValueError):
-        return Verification(ok=False, reason="the signature does not match: the receipt was changed", **found)
-    if key.status == "revoked":
-        when = f", revoked at {key.revoked_at}" if key.revoked_at else ""
-        return Verification(ok=False, reason=f"signed by a revoked key ({key.kid}{when})", **found)
-    mismatch = _input_mismatch(payload["input"], text, token_ids, prompt_ids)
-    if mismatch:
-        return Verification(ok=False, reason=mismatch, **found)
-    return Verification(ok=True, **found)
+        reason = "the signature does not match: the receipt was changed"
+    else:
+        revoked = f", revoked at {key.revoked_at}" if key.revoked_at else ""
+        reason = (
+            f"signed by a revoked key ({key.kid}{revoked})"
+            if key.status == "revoked"
+            else _input_mismatch(payload["input"], text, token_ids, prompt_ids)
+        )
+    return Verification(ok=not reason, reason=reason, payload=payload, key_status=key.status)
 
 
 def _signature(value: Any) -> bytes:
