@@ -149,6 +149,8 @@ def detect_all(
         answer["audit_seq"] = record.seq
         if warnings:  # keys whose false-positive rate on the user's text is unmeasured
             answer["calibration_warnings"] = warnings
+        if keys.skipped:  # keys the master key cannot open: named, each with its error
+            answer["skipped_keys"] = [s.to_dict() for s in keys.skipped]
     if receipt:
         _sign(service, token, items, keys.detector, detections, answers)
     return answers

@@ -7,6 +7,10 @@ request writes anyway: in the transaction of its audit row (`KeySet.unchanged`, 
 group commit), under the write lock that every key change also takes. When another process (or
 this one) created, rotated or revoked a key meanwhile, the answer is not given: the route
 rebuilds the detectors and detects again.
+
+A key whose secret the master key cannot open (sealed under another master key) is left out of
+the detectors, and each answer names it with its error (`KeySet.skipped`): detection with the
+other keys goes on. Only when every key asked for is left out is the request refused.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from wmark.detector import Detector, TextTokenizer, readings
 from wmark.errors import KeyRegistryError, TokenizerError
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
+from wmark.keys.registry import SkippedKey, no_usable_key
 
 __all__ = ["DetectorCache", "KeySet", "KeysChanged", "NoKeysError"]
 
@@ -46,11 +51,12 @@ KeyState = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True)
 class KeySet:
-    """A detector and the registry's key state it was built from."""
+    """A detector, the registry's key state it was built from, and the keys left out of it."""
 
     detector: Detector
     state: KeyState
     registry: KeyRegistry
+    skipped: tuple[SkippedKey, ...] = ()
 
     def unchanged(self, session: Session) -> None:
         """In the audit transaction: raise `KeysChanged` if the keys are no longer `state`.
@@ -111,7 +117,8 @@ class DetectorCache:
         self._lock = threading.Lock()
         self._state: tuple[tuple[str, str], ...] | None = None
         self._keys: dict[str, KeyMaterial] = {}
-        self._subsets: dict[tuple[str, ...], Detector] = {}
+        self._skipped: dict[str, SkippedKey] = {}
+        self._subsets: dict[tuple[str, ...], tuple[Detector, tuple[SkippedKey, ...]]] = {}
 
     def warm(self) -> None:
         """Build the default detector, parse its tokenizers and build their splice tables and the
@@ -130,28 +137,43 @@ class DetectorCache:
 
         Raises:
             KeyNotFoundError, KeyRevokedError: a requested key is unknown or revoked.
+            KeyUnavailableError, WrongMasterKeyError: every key asked for is left out.
             NoKeysError: there is no key to detect with.
         """
         state = self.registry.key_state() if refresh or not self._state else None
         with self._lock:
             if state is not None and state != self._state:
-                self._keys = {k.key_id: k for k in self.registry.detection_keys()}
+                keys, skipped = self.registry.open_detection_keys()
+                self._keys = {k.key_id: k for k in keys}
+                self._skipped = {s.key_id: s for s in skipped}
                 self._subsets.clear()
                 self._state = state
                 self.builds += 1
                 if self._on_build is not None:
                     self._on_build()
-            wanted = tuple(dict.fromkeys(key_ids)) if key_ids else tuple(self._keys)
-            detector = self._subsets.get(wanted)
-            if detector is None:
-                for key_id in wanted:
-                    if key_id not in self._keys:  # unknown or revoked: raises the precise error
-                        self._keys[key_id] = self.registry.material(key_id)
-                if not wanted:
-                    raise NoKeysError("no keys to detect with: create one with `wmark keys create NAME`")
-                detector = _SharedDetector([self._keys[k] for k in wanted], self._tokenizers)
+            wanted = tuple(dict.fromkeys(key_ids)) if key_ids else (*self._keys, *self._skipped)
+            built = self._subsets.get(wanted)
+            if built is None:
+                built = self._build(wanted, requested=bool(key_ids))
                 if len(self._subsets) >= _MAX_SUBSETS:
                     self._subsets.pop(next(iter(self._subsets)))
-                self._subsets[wanted] = detector
+                self._subsets[wanted] = built
             assert self._state is not None  # set above: `not self._state` forced a read
-            return KeySet(detector, self._state, self.registry)
+            return KeySet(built[0], self._state, self.registry, built[1])
+
+    def _build(self, wanted: tuple[str, ...], *, requested: bool) -> tuple[Detector, tuple[SkippedKey, ...]]:
+        """The detector of the keys `wanted` that open, and those left out (under `_lock`)."""
+        for key_id in wanted:
+            if key_id not in self._keys and key_id not in self._skipped:
+                # not a detection key as of the state read: raises the precise error (unknown,
+                # revoked), or the key is one the master key cannot open
+                keys, skipped = self.registry.open_detection_keys([key_id])
+                self._keys.update((k.key_id, k) for k in keys)
+                self._skipped.update((s.key_id, s) for s in skipped)
+        usable = [self._keys[k] for k in wanted if k in self._keys]
+        left_out = tuple(self._skipped[k] for k in wanted if k in self._skipped)
+        if not usable:
+            if left_out:
+                raise no_usable_key(left_out, requested=requested)
+            raise NoKeysError("no keys to detect with: create one with `wmark keys create NAME`")
+        return _SharedDetector(usable, self._tokenizers), left_out

@@ -188,6 +188,13 @@ TokenOut = _mirror(
     TokenEvidence,
     "One token and its evidence: `pivot` is U(y_t, 1), `score` = -ln(1 - pivot); null where unscored.",
 )
+SkippedKeyOut = _model(
+    "SkippedKeyOut",
+    "A key left out of the detection, and why (`key_unavailable`: sealed under another master key).",
+    key_id=(str, ...),
+    code=(str, ...),
+    message=(str, ...),
+)
 CalibrationWarningOut = _model(
     "CalibrationWarningOut",
     "A key tested whose false-positive rate was never measured on the user's text (`uncalibrated`), "
@@ -212,6 +219,10 @@ DetectResponse = _mirror(
             description="Keys tested that were never calibrated on the user's text, or under another "
             "spec (absent if none): their false-positive rate there is unmeasured.",
         ),
+    ),
+    skipped_keys=(
+        "list[SkippedKeyOut] | None",
+        Field(None, description="Keys left out because the master key cannot open them (absent if none)."),
     ),
 )
 BatchResponse = _model(
