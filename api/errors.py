@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wmark.api.route_match import matching_routes
@@ -171,6 +172,7 @@ _HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[JSONRe
     RequestValidationError: _validation_error,
     StarletteHTTPException: _http_error,
     OperationalError: _database_error,
+    PoolTimeout: _database_error,  # every connection of the pool busy (waiting on a slow database)
     Exception: _unexpected,
 }
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
 
 from wmark.api.deps import AuditorToken, ServiceDep
 from wmark.api.errors import AUTHENTICATED, documented, error_response
@@ -25,16 +27,22 @@ def healthz() -> dict[str, Any]:
 
 
 @router.get("/readyz", summary="Readiness", responses=documented(503))
-def readyz(service: ServiceDep) -> JSONResponse:
-    """The database answers and its schema is this release's."""
+async def readyz(service: ServiceDep) -> JSONResponse:
+    """The database answers (within `WMARK_API_READY_TIMEOUT` seconds) and its schema is this release's."""
+    # Waits on the service's threads and gives up after `ready_timeout`: a probe of a database
+    # that does not answer gets its 503 at once; the thread it leaves ends within the database's
+    # own timeouts (wmark.keys.db_timeouts).
+    timeout = service.settings.ready_timeout
     try:
-        revision = schema_revision(service.registry.engine)
-    except KeyRegistryError:
-        return error_response(503, "not_ready", "the database is unreachable")
-    if revision != head_revision():
-        return error_response(
-            503, "not_ready", f"schema at {revision}, expected {head_revision()}: run wmark migrate"
+        revision, head = await asyncio.wait_for(
+            service.in_thread(lambda: (schema_revision(service.registry.engine), head_revision())), timeout
         )
+    except TimeoutError:
+        return error_response(503, "not_ready", f"the database did not answer within {timeout:g} s")
+    except (KeyRegistryError, SQLAlchemyError):
+        return error_response(503, "not_ready", "the database is unreachable")
+    if revision != head:
+        return error_response(503, "not_ready", f"schema at {revision}, expected {head}: run wmark migrate")
     return JSONResponse({"status": "ready", "schema": revision})
 
 

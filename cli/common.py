@@ -9,6 +9,8 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from typer.core import TyperGroup
 
 from wmark.errors import WmarkError
@@ -29,13 +31,18 @@ err_console = Console(stderr=True)
 
 
 class WmarkGroup(TyperGroup):
-    """Root command group: every `WmarkError` becomes one line on stderr and exit code 2."""
+    """Root command group: every `WmarkError`, and a database that does not answer (in time),
+    becomes one line on stderr and exit code 2."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except WmarkError as exc:
             raise fail(str(exc)) from None
+        except (OperationalError, PoolTimeout) as exc:
+            # the driver's first line (it names the host, never the password); not the SQL
+            cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            raise fail(f"the database is unavailable: {cause[0] if cause else type(exc).__name__}") from None
 
 
 def open_registry() -> KeyRegistry:

@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from wmark.errors import KeyRegistryError
+from wmark.keys.config import DatabaseTimeouts
+from wmark.keys.db_timeouts import bound_engine, engine_arguments
 from wmark.keys.sqlite_file import guard_sqlite_file
 
 __all__ = ["downgrade", "head_revision", "make_engine", "make_sessionmaker", "schema_revision", "upgrade"]
@@ -28,18 +30,25 @@ __all__ = ["downgrade", "head_revision", "make_engine", "make_sessionmaker", "sc
 _MIGRATIONS = Path(__file__).with_name("migrations")
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`, with SQLite tuned for concurrent readers and one writer."""
+def make_engine(url: str, timeouts: DatabaseTimeouts | None = None) -> Engine:
+    """An engine for `url`, with SQLite tuned for concurrent readers and one writer, and every
+    wait on the database bounded by `timeouts` (default `DatabaseTimeouts()`; `db_timeouts`)."""
+    timeouts = DatabaseTimeouts() if timeouts is None else timeouts
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise KeyRegistryError(f"invalid database URL: {exc}") from exc
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
-    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60, "check_same_thread": False}}
+        bounded = create_engine(
+            url, pool_pre_ping=True, **engine_arguments(parsed.get_backend_name(), timeouts)
+        )
+        bound_engine(bounded, timeouts)
+        return bounded
+    kwargs = engine_arguments("sqlite", timeouts)
     if parsed.database in (None, "", ":memory:"):
         kwargs["poolclass"] = StaticPool  # one shared in-memory database
     else:
+        kwargs["pool_timeout"] = timeouts.pool
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, **kwargs)
     if "poolclass" not in kwargs:  # a file: created whole, refused when empty, named when damaged
@@ -49,7 +58,7 @@ def make_engine(url: str) -> Engine:
     def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute(f"PRAGMA busy_timeout={round(timeouts.statement * 1000)}")
         if parsed.database not in (None, "", ":memory:"):
             cur.execute("PRAGMA journal_mode=WAL")
         cur.close()
@@ -82,7 +91,8 @@ def schema_revision(engine: Engine) -> str | None:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
     except OperationalError as exc:
-        raise KeyRegistryError(f"cannot reach the database: {exc.orig}") from exc
+        reason = str(exc.orig).strip().splitlines()  # psycopg lists each address it tried
+        raise KeyRegistryError(f"cannot reach the database: {reason[0] if reason else exc}") from exc
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import text
 
+from wmark.keys.db_timeouts import unbounded
 from wmark.keys.models import Base
 
 _LOCK_ID = 0x776D61726B  # "wmark": serialises concurrent migrations on PostgreSQL
@@ -12,7 +13,7 @@ _LOCK_ID = 0x776D61726B  # "wmark": serialises concurrent migrations on PostgreS
 
 def run_migrations_online() -> None:
     engine = context.config.attributes["engine"]
-    with engine.connect() as connection:
+    with engine.connect() as connection, unbounded(connection):  # a migration may rightly run long
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": _LOCK_ID})
             connection.commit()
