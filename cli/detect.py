@@ -18,6 +18,7 @@ from wmark.detector import Detection, Detector
 from wmark.detector.receipt import detection_claims
 from wmark.errors import InputError
 from wmark.keys.audit import detection_entry, text_digest
+from wmark.keys.calibrations import warning_line
 from wmark.keys.receipt_keys import default_issuer
 from wmark.keys.registry import no_usable_key
 from wmark.receipts import text_sha256, token_ids_sha256
@@ -153,6 +154,7 @@ def detect(
         else:
             results = [detector.detect(t, alpha=alpha, source=s) for s, t in zip(labels, texts, strict=True)]
         actor, tested = cli_actor(), [k.key_id for k in detector.keys]
+        unmeasured = warning_line(registry.calibrations.states(tested))
         rows = registry.audit.append(  # one row per input, like the service; the text itself is never stored
             *(
                 detection_entry(
@@ -179,6 +181,8 @@ def detect(
                 for r, (kind, digest), row in zip(results, inputs, rows, strict=True)
             ]
             _write_receipts(receipt, lines)
+    if unmeasured is not None:
+        err_console.print(f"[yellow]warning:[/] {escape(unmeasured)}", highlight=False, soft_wrap=True)
     if as_json:
         for r in results:
             print_json(r.to_dict(include_tokens=False))

@@ -13,6 +13,7 @@ from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, embedded_tokenizer_loader, open_registry, print_json
 from wmark.detector.tokenize import read_tokenizer_source
 from wmark.keys import KeyInfo, MasterKey
+from wmark.keys.calibrations import Calibration
 from wmark.spec import VLLM_SCHEMES
 from wmark.vllm_gumbel import VllmWatermarkConfig
 
@@ -176,8 +177,38 @@ def list_keys(
 
 @app.command()
 def show(key_id: Annotated[str, typer.Argument(help="The key's id.")], as_json: JsonOpt = False) -> None:
-    """Show one key (never its secret)."""
-    _show(open_registry().get(key_id), as_json)
+    """Show one key (never its secret) and its newest calibration (`wmark calibrate`)."""
+    with open_registry() as registry:
+        info, calibration = registry.get(key_id), registry.calibrations.latest(key_id)
+    if as_json:
+        print_json({**info.to_dict(), "calibration": calibration.to_dict() if calibration else None})
+        return
+    _show(info, False)
+    _show_calibration(calibration)
+
+
+def _show_calibration(c: Calibration | None) -> None:
+    if c is None:
+        console.print(
+            "  calibrated    never (wmark calibrate --key KEY CORPUS)", highlight=False, soft_wrap=True
+        )
+        return
+    fpr = c.report.get("fpr", {})
+    ks = c.report.get("uniformity", {})
+    stale = "  [yellow]stale: the spec changed since[/]" if c.stale else ""
+    console.print(
+        f"  calibrated    {c.created_at:%Y-%m-%d %H:%M:%S}Z on corpus sha256:{c.corpus_sha256[:12]}{stale}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    interval = f", CI [{fpr['ci_low']:.4f}, {fpr['ci_high']:.4f}]" if "ci_low" in fpr else ""
+    rate = f"{c.n_flagged / c.n_scored:.4f}" if c.n_scored else "-"
+    ks_p = f", one-sided KS p {ks['p_value']:.3g}" if ks.get("p_value") is not None else ""
+    console.print(
+        f"  FPR           {rate} at alpha {c.alpha} ({c.n_flagged} of {c.n_scored}){interval}{ks_p}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()

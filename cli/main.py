@@ -6,6 +6,7 @@ import typer
 
 from wmark import __version__
 from wmark.cli import audit as audit_cmd
+from wmark.cli import calibrate as calibrate_cmd
 from wmark.cli import demo as demo_cmd
 from wmark.cli import detect as detect_cmd
 from wmark.cli import eval as eval_cmd
@@ -32,6 +33,7 @@ app.command("eval")(eval_cmd.eval_cmd)
 app.add_typer(keys_cmd.app, name="keys")
 app.command("detect")(detect_cmd.detect)
 app.command("scan")(scan_cmd.scan)
+app.command("calibrate")(calibrate_cmd.calibrate_cmd)
 app.add_typer(audit_cmd.app, name="audit")
 app.add_typer(tokens_cmd.app, name="tokens")
 app.add_typer(receipt_cmd.app, name="receipt")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 
-__all__ = ["Document", "system_corpus"]
+__all__ = ["MAX_SHARED", "Document", "shingles", "system_corpus"]
 
 MAX_CHARS = 6000  # about 1,500 tokens: long enough to score, short enough to stay fast
 SHINGLE_WORDS = 8
@@ -84,7 +84,9 @@ def _prose() -> Iterator[Document]:
             yield Document(str(path), "changelog", text)
 
 
-def _shingles(text: str) -> set[bytes]:
+def shingles(text: str) -> set[bytes]:
+    """64-bit hashes of the text's 8-word shingles (one shingle for a shorter text): what the
+    near-copy rule compares here and in `wmark calibrate` (`wmark.eval.calibrate`)."""
     words = text.split()
     return {
         hashlib.blake2b(" ".join(words[i : i + SHINGLE_WORDS]).encode(), digest_size=8).digest()
@@ -106,9 +108,9 @@ def system_corpus(limit: int | None = None, *, max_shared: float = MAX_SHARED) -
     for doc in itertools.chain.from_iterable(itertools.zip_longest(*streams)):
         if doc is None:
             continue
-        shingles = _shingles(doc.text)
-        novel = len(shingles - seen) / len(shingles)
-        seen |= shingles
+        found = shingles(doc.text)
+        novel = len(found - seen) / len(found)
+        seen |= found
         if novel == 0.0 or novel < 1.0 - max_shared:
             continue
         out.append(doc)

@@ -29,7 +29,7 @@ from wmark.keys.audit_log import AuditLog
 from wmark.keys.models import Key, KeyCalibration, utcnow
 from wmark.keys.transactions import write_transaction
 
-__all__ = ["Calibration", "CalibrationState", "CalibrationStore", "spec_digest"]
+__all__ = ["Calibration", "CalibrationState", "CalibrationStore", "spec_digest", "warning_line"]
 
 CalibrationState = Literal["calibrated", "uncalibrated", "stale"]
 
@@ -192,3 +192,21 @@ class CalibrationStore:
             else:
                 out[key_id] = "calibrated" if newest[key_id] == spec_digest(spec) else "stale"
         return out
+
+
+def warning_line(states: Mapping[str, CalibrationState]) -> str | None:
+    """One line naming the keys never calibrated or calibrated under another spec (None if no key
+    is), for the CLI to print on stderr when it detects with them."""
+    never = sorted(k for k, state in states.items() if state == "uncalibrated")
+    stale = sorted(k for k, state in states.items() if state == "stale")
+    parts = [
+        f"{what}: {', '.join(ids)}"
+        for what, ids in (("never calibrated", never), ("spec changed since its calibration", stale))
+        if ids
+    ]
+    if not parts:
+        return None
+    return (
+        f"{'; '.join(parts)}; their false-positive rate on your text is unmeasured "
+        "(wmark calibrate --key KEY CORPUS)"
+    )
