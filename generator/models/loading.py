@@ -4,7 +4,7 @@
 the tokenizer (same vocabulary, same token IDs) and the drafter's logits are not wider than the
 target's. Text is encoded and decoded with the model's tokenizer.json itself (the bytes a key
 is bound to, exactly what the detector uses); transformers' tokenizer class only renders the
-chat template, whose special tokens the tokenizer.json maps to their IDs.
+chat template, and `prompt_encoder` maps its control tokens to their IDs, and only its own.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from wmark.generator.models import gguf_int8
 from wmark.generator.models.embedded import DRAFTER, TARGET, Weights, models_dir, prepare
 from wmark.generator.models.hf_session import HFModel
 from wmark.generator.models.prepare import PRECISIONS, prepare_model
+from wmark.generator.models.prompt_encoder import PromptEncoder
 
 __all__ = ["ModelPair", "load_pair", "resolve_source"]
 
@@ -128,7 +129,7 @@ class ModelPair:
     tokenizer_json: bytes
 
     def __post_init__(self) -> None:
-        self._tokenizer = Tokenizer.from_str(self.tokenizer_json.decode("utf-8"))
+        self.prompts = PromptEncoder(self.tokenizer_json, self.chat)
 
     def use_threads(self, plan: ThreadPlan) -> None:
         """Make `plan` the process's (`apply_threads`) and the models' (their forwards' GEMM threads)."""
@@ -150,27 +151,17 @@ class ModelPair:
             messages = [{"role": "system", "content": system}] if system else []
             messages.append({"role": "user", "content": prompt})
             return self.encode_messages(messages)
-        return self._encode(prompt)
+        return self.prompts.encode_raw(prompt)
 
     def encode_messages(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token IDs of a conversation (`{"role", "content"}` dicts) through the chat template,
-        ending with the assistant's turn to speak."""
-        if not getattr(self.chat, "chat_template", None):
-            raise InputError("this model has no chat template: use --raw")
-        rendered = self.chat.apply_chat_template(
-            [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
-        )
-        return self._encode(str(rendered))
-
-    def _encode(self, text: str) -> list[int]:
-        ids = [int(i) for i in self._tokenizer.encode(text, add_special_tokens=False).ids]
-        if not ids:
-            raise InputError("the prompt has no tokens in this model's vocabulary")
-        return ids
+        ending with the assistant's turn to speak; control tokens only where the template puts
+        them (`PromptEncoder.encode_messages`)."""
+        return self.prompts.encode_messages(messages)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of generated tokens (special tokens dropped)."""
-        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
+        return str(self.prompts.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
 
 def load_pair(
