@@ -27,6 +27,7 @@ from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, err_console, open_registry, print_json
 from wmark.cli.options import KeyIds
 from wmark.keys.audit import AuditEntry
+from wmark.scan.limits import DEFAULT_MAX_DOC_BYTES, DEFAULT_MAX_RATIO, ReadLimits
 from wmark.scan.loop import ScanProgress
 from wmark.scan.rows import ScanSummary
 from wmark.scan.scan import ScanJob, prepare_scan
@@ -84,6 +85,23 @@ def scan(
             "folders. Default: such a link is an error row and is not read."
         ),
     ] = False,
+    max_doc_bytes: Annotated[
+        int,
+        typer.Option(
+            help="Largest document in bytes, after decompression (default 4 MiB): a whole file, "
+            "a jsonl line, a csv record, a parquet value or a SQL text; a larger one is an error "
+            "row and is never read whole. Detection needs about 130 bytes of memory per byte of "
+            "text, per worker.",
+        ),
+    ] = DEFAULT_MAX_DOC_BYTES,
+    max_ratio: Annotated[
+        int,
+        typer.Option(
+            help="A compressed file (.gz/.bz2/.xz, zip member, parquet page) may inflate past "
+            "--max-doc-bytes only up to this many times its compressed size; beyond, the rest of "
+            "it is an error row (a compression bomb).",
+        ),
+    ] = DEFAULT_MAX_RATIO,
     sql: Annotated[
         str | None,
         typer.Option(help="Scan a SQL table instead: a SQLAlchemy URL, e.g. postgresql+psycopg://u@host/db."),
@@ -139,7 +157,13 @@ def scan(
           --out posts.jsonl --dask tcp://scheduler:8786
       wmark scan reports/ --out results.jsonl --resume
     """
-    options = SourceOptions(format=fmt, field=field, column=column, follow_links=follow_links)
+    options = SourceOptions(
+        format=fmt,
+        field=field,
+        column=column,
+        follow_links=follow_links,
+        limits=ReadLimits(max_doc_bytes, max_ratio),
+    )
     with open_registry() as registry:
         keys = registry.detection_keys(key)
         tokenizers = {sha: registry.tokenizer_json(sha) for sha in {k.spec.tokenizer.sha256 for k in keys}}

@@ -1,7 +1,8 @@
 """A scan's documents cut into tasks: the batches sent to workers, and the rows known up front.
 
-A document that cannot be read, is blank or is not valid Unicode gets its error row here, in
-the driver, and never reaches a worker; one the output already holds is skipped. A task keeps
+A document that cannot be read, is blank, is over `--max-doc-bytes` (a SQL text, which no file
+reader bounded) or is not valid Unicode gets its error row here, in the driver, and never
+reaches a worker; one the output already holds is skipped. A task keeps
 every document's place, so its rows are written in the sources' order once its batch returns.
 """
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 
 from wmark.detector.checks import check_unicode
 from wmark.errors import InputError
+from wmark.scan.limits import ReadLimits
 from wmark.scan.rows import ScanRow
 from wmark.scan.sources import Document
 from wmark.scan.workers import Batch
@@ -49,9 +51,12 @@ def tasks(
     skipped: Callable[[Document], None],
     batch_docs: int = BATCH_DOCS,
     batch_chars: int = BATCH_CHARS,
+    limits: ReadLimits | None = None,
 ) -> Iterator[Task]:
     """The tasks of `documents`, in order, each of at most `batch_docs` documents or about
-    `batch_chars` characters to detect; `skipped` is called for each document already `done`."""
+    `batch_chars` characters to detect; `skipped` is called for each document already `done`;
+    a text over `limits.max_doc_bytes` (UTF-8) is an error row."""
+    limits = limits or ReadLimits()
     seq = 0
     task = Task(seq, [], (), [], 0)
     work: list[tuple[str, str, str]] = []
@@ -63,6 +68,8 @@ def tasks(
         task.nbytes += doc.nbytes
         if doc.error is not None or doc.text is None:
             task.rows.append(ScanRow.failed(doc.source, doc.doc_id, doc.error or "unreadable"))
+        elif _utf8_over(doc.text, limits.max_doc_bytes):
+            task.rows.append(ScanRow.failed(doc.source, doc.doc_id, limits.too_big("text")))
         elif not doc.text.strip():
             task.rows.append(ScanRow.failed(doc.source, doc.doc_id, "the text is empty"))
         elif (invalid := _not_unicode(doc.text)) is not None:
@@ -80,6 +87,15 @@ def tasks(
     if task.rows:
         task.work = tuple(work)
         yield task
+
+
+def _utf8_over(text: str, limit: int) -> bool:
+    # Bounds tokens before tokenisation too: a tokenizer makes at most about one per UTF-8 byte.
+    if len(text) > limit:  # a character takes at least one byte
+        return True
+    if len(text) * 4 <= limit or text.isascii():  # at most four
+        return False
+    return len(text.encode("utf-8", "surrogatepass")) > limit
 
 
 def _not_unicode(text: str) -> str | None:

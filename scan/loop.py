@@ -17,6 +17,7 @@ from typing import Any
 
 from wmark.scan.batches import BATCH_CHARS, BATCH_DOCS, Task, tasks
 from wmark.scan.journal import Journal
+from wmark.scan.limits import ReadLimits
 from wmark.scan.rows import ScanRow, ScanSummary
 from wmark.scan.sources import Document
 from wmark.scan.workers import Batch, Executor
@@ -193,7 +194,8 @@ class _Run:
             if part.attempts < _ATTEMPTS:
                 self.suspects.appendleft(part)
             else:
-                message = f"worker failed ({type(exc).__name__}: {exc})"[:500]
+                why = "; ".join(getattr(exc, "__notes__", None) or ())  # how the worker died
+                message = f"worker failed ({why + '; ' if why else ''}{type(exc).__name__}: {exc})"[:500]
                 self._finish(
                     part, [ScanRow.failed(source, doc_id, message) for source, doc_id, _ in part.work]
                 )
@@ -212,6 +214,7 @@ def run_scan(
     docs_total: int | None = None,
     skipped_files: int = 0,
     on_progress: Callable[[ScanProgress], None] | None = None,
+    limits: ReadLimits | None = None,
 ) -> ScanSummary:
     """Scan documents into the journal, skipping those it already holds.
 
@@ -228,12 +231,13 @@ def run_scan(
         bytes_total, docs_total: the source's size, for progress.
         skipped_files: files of unknown format (reported in the summary).
         on_progress: called as the scan advances (after each round of finished batches).
+        limits: a text over `limits.max_doc_bytes` is an error row, never sent to a worker.
 
     Returns:
         The summary, also stored in the manifest.
     """
     state = _State(started=time.monotonic())
-    todo = tasks(documents, journal.done, state.skip, batch_docs, batch_chars)
+    todo = tasks(documents, journal.done, state.skip, batch_docs, batch_chars, limits)
     run = _Run(todo, journal, executor, state, commit_rows, commit_seconds)
 
     def progress() -> None:

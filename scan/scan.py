@@ -20,6 +20,7 @@ from wmark.errors import InputError, TokenizerError
 from wmark.keymaterial import KeyMaterial
 from wmark.scan.batches import BATCH_DOCS
 from wmark.scan.journal import Journal, output_format
+from wmark.scan.limits import ReadLimits
 from wmark.scan.loop import ScanProgress, run_scan
 from wmark.scan.rows import ScanSummary
 from wmark.scan.sources import FileSource, SourceOptions
@@ -64,8 +65,10 @@ class ScanJob:
         journal: Journal,
         executor: Executor | None,
         batch_docs: int,
+        limits: ReadLimits,
     ) -> None:
         self._source = source
+        self._limits = limits
         self._journal = journal
         self._executor = executor
         self._batch_docs = batch_docs
@@ -97,6 +100,7 @@ class ScanJob:
             docs_total=source.count() if isinstance(source, SqlSource) else None,
             skipped_files=len(source.skipped) if isinstance(source, FileSource) else 0,
             on_progress=on_progress,
+            limits=self._limits,
         )
 
     def close(self) -> None:
@@ -138,7 +142,7 @@ def prepare_scan(
     Args:
         urls: files, directories, globs or fsspec URLs (not with `sql`).
         sql, query: a SQLAlchemy URL and a `SELECT id, text ...` query.
-        options: format, jsonl/csv field, parquet column.
+        options: format, jsonl/csv field, parquet column, links, the limits of one document.
         keys: keys to test (revoked ones must not be given).
         tokenizers: tokenizer.json bytes by SHA-256 for the keys' tokenizers.
         out: output file, .jsonl, .csv or .parquet (a manifest and a lock file go beside it).
@@ -172,7 +176,7 @@ def prepare_scan(
             source.close()
         raise
     if journal.complete:
-        return ScanJob(source, journal, None, batch_docs)
+        return ScanJob(source, journal, None, batch_docs, options.limits)
     config = WorkerConfig(
         keys=tuple(keys),
         tokenizers={sha: tokenizers[sha] for sha in needed},
@@ -186,7 +190,7 @@ def prepare_scan(
         if isinstance(source, SqlSource):
             source.close()
         raise
-    return ScanJob(source, journal, executor, batch_docs)
+    return ScanJob(source, journal, executor, batch_docs, options.limits)
 
 
 def _check_settings(
@@ -246,6 +250,9 @@ def _settings(
     }
     if options.follow_links:  # only when set: a manifest written before the option resumes
         settings["follow_links"] = True
+    if options.limits != ReadLimits():  # likewise, only when not the default
+        settings["max_doc_bytes"] = options.limits.max_doc_bytes
+        settings["max_ratio"] = options.limits.max_ratio
     return settings
 
 

@@ -4,18 +4,23 @@ and SQL tables (`wmark.scan.sql_source`).
 A document's identity is (source, doc_id): the file's URL (an absolute path for local files)
 and its place in the file, or the SQL URL (password hidden) and the row's id. Identities are
 stable across runs, which is what makes a scan resumable. fsspec is imported only when a store
-is listed (the `[scan]` extra); file formats are read by `wmark.scan.formats`.
+is listed (the `[scan]` extra); file formats are read by `wmark.scan.formats`, files opened by
+`wmark.scan.opening`, and every document bounded by `wmark.scan.limits`.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import stat
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
 from wmark.errors import InputError
-from wmark.scan.formats import FORMATS, Record, compression_of, format_of, records
+from wmark.scan.formats import FORMATS, WHOLE_FORMATS, Record, compression_of, format_of, records
+from wmark.scan.limits import OverLimit, ReadLimits
+from wmark.scan.opening import Refused, buffered, check_member, inflate, open_local
 
 __all__ = ["Document", "FileSource", "SourceOptions", "short_message"]
 
@@ -50,12 +55,14 @@ class SourceOptions:
         follow_links: read symbolic links that lead out of a walked directory or a glob's
             folder, and walk linked directories; by default a link out of the tree is an error
             row, so a scan of a shared folder never reads what its owner cannot see there.
+        limits: the bounds of one document (`--max-doc-bytes`, `--max-ratio`).
     """
 
     format: str | None = None
     field: str | None = None
     column: str | None = None
     follow_links: bool = False
+    limits: ReadLimits = ReadLimits()
 
     def __post_init__(self) -> None:
         if self.format is not None and self.format not in FORMATS:
@@ -78,6 +85,7 @@ class _File:
     label: str
     size: int
     format: str
+    listing: dict[str, Any]  # what the store says of it (a zip member's declared sizes)
 
 
 def _is_local(fs: Any) -> bool:
@@ -106,6 +114,16 @@ def _is_directory(fs: Any, path: str) -> bool:
 
 def _hidden(relative: str) -> bool:
     return any(part.startswith(".") for part in relative.split("/") if part)
+
+
+def _is_zip(fs: Any) -> bool:
+    return type(fs).__name__ == "ZipFileSystem" and hasattr(fs, "zip")
+
+
+def _leaves_archive(name: str) -> bool:
+    """Whether an archive member's stored name is absolute or climbs out ("../../x")."""
+    parts = name.replace("\\", "/").split("/")
+    return name.startswith(("/", "\\")) or ".." in parts or (len(name) > 1 and name[1] == ":")
 
 
 class FileSource:
@@ -141,7 +159,7 @@ class FileSource:
                 fs, path = fsspec.core.url_to_fs(url)
             except (ValueError, ImportError, OSError) as exc:
                 raise InputError(f"{url}: {short_message(exc)}") from exc
-            for name, size, explicit in self._list(fs, path, url):
+            for name, size, explicit, listing in self._list(fs, path, url):
                 if _is_local(fs) and os.path.realpath(name) in excluded:
                     continue
                 fmt = options.format or format_of(name)
@@ -151,7 +169,7 @@ class FileSource:
                         raise InputError(f"{url}: unknown format; pass --format ({', '.join(FORMATS)})")
                     self.skipped.append(label)
                     continue
-                files.setdefault(label, _File(fs, name, label, size, fmt))
+                files.setdefault(label, _File(fs, name, label, size, fmt, listing))
         self.files = [files[k] for k in sorted(files)]
         self._check_options()
         self.urls = tuple(urls)
@@ -164,7 +182,7 @@ class FileSource:
         if "parquet" in formats and not self.options.column:
             raise InputError("parquet documents need --column NAME (the column that holds the text)")
 
-    def _list(self, fs: Any, path: str, url: str) -> Iterator[tuple[str, int, bool]]:
+    def _list(self, fs: Any, path: str, url: str) -> Iterator[tuple[str, int, bool, dict[str, Any]]]:
         try:
             pattern = any(c in path for c in "*?[")
             if _is_local(fs) and not pattern and os.path.isdir(path):
@@ -173,28 +191,50 @@ class FileSource:
             if pattern:  # like a shell, a glob does not match hidden names
                 found = fs.glob(path, detail=True)
                 root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+                self._refuse_members(fs, url, path.rsplit("/", 1)[-1] if root == "" else None)
+                # a FIFO, socket or device is listed ("other") and refused when it is read
+                readable = ("file", "other") if _is_local(fs) else ("file",)
                 for name in sorted(found):
-                    if _hidden(name[len(root) :]):
+                    if _hidden(name[len(root) :]) or (_is_zip(fs) and _leaves_archive(name)):
                         continue
                     if _is_local(fs) and found[name].get("islink"):  # listed with its own lstat
                         if os.path.isfile(name) and self._inside(name, os.path.realpath(root or "/")):
-                            yield name, os.path.getsize(name), False
-                    elif found[name].get("type") == "file":
-                        yield name, int(found[name].get("size") or 0), False
+                            yield name, os.path.getsize(name), False, {}
+                    elif found[name].get("type") in readable:
+                        yield name, int(found[name].get("size") or 0), False, found[name]
                 return
             info = {"type": "directory"} if _is_directory(fs, path) else fs.info(path)
             if info.get("type") == "directory":
                 root = path.rstrip("/")
                 found = fs.find(path, detail=True)
+                self._refuse_members(fs, url, "*" if root == "" else None)
                 for name in sorted(found):
-                    if not _hidden(name[len(root) :]):
-                        yield name, int(found[name].get("size") or 0), False
+                    if not _hidden(name[len(root) :]) and not (_is_zip(fs) and _leaves_archive(name)):
+                        yield name, int(found[name].get("size") or 0), False, found[name]
                 return
-            yield path, int(info.get("size") or 0), True
+            yield path, int(info.get("size") or 0), True, info
         except FileNotFoundError as exc:
             raise InputError(f"{url}: no such file or directory") from exc
         except (OSError, ValueError) as exc:
             raise InputError(f"{url}: {short_message(exc)}") from exc
+
+    def _refuse_members(self, fs: Any, url: str, pattern: str | None) -> None:
+        """An error document for each member of a zip archive whose stored name leaves it
+        (absolute, or climbing with ".."), when listing the archive's top with `pattern`.
+
+        Nothing is ever extracted, so such a member could be read harmlessly; but fsspec lists
+        it under another name or not at all, and its row would carry an identity that is not
+        its own. So it is counted, as an error row under its stored name, and not read.
+        """
+        if pattern is None or not _is_zip(fs):
+            return
+        for member in fs.zip.infolist():
+            name = member.filename
+            if member.is_dir() or not _leaves_archive(name):
+                continue
+            if fnmatch.fnmatchcase(name.replace("\\", "/").rsplit("/", 1)[-1], pattern):
+                message = f"a zip member whose name leaves the archive ({name!r}), not read"
+                self.unlisted.append(Document(_label(fs, name, url), "", None, message, 0))
 
     def _inside(self, path: str, root_real: str) -> bool:
         """Whether a listed file may be read: it resolves inside `root_real`, or links are
@@ -208,7 +248,7 @@ class FileSource:
         self.unlisted.append(Document(os.path.abspath(path), "", None, message, 0))
         return False
 
-    def _walk_local(self, root: str) -> Iterator[tuple[str, int, bool]]:
+    def _walk_local(self, root: str) -> Iterator[tuple[str, int, bool, dict[str, Any]]]:
         def unlisted(exc: OSError) -> None:
             where = os.path.abspath(exc.filename or root)
             self.unlisted.append(
@@ -233,10 +273,14 @@ class FileSource:
                 if os.path.islink(path) and not self._inside(path, root_real):
                     continue
                 try:
-                    if os.path.isfile(path):
-                        yield path, os.path.getsize(path), False
+                    found = os.stat(path)
+                except FileNotFoundError:  # a dangling link, or gone since the listing
+                    continue
                 except OSError:
-                    yield path, 0, False  # reading it will report why
+                    yield path, 0, False, {}  # reading it will report why
+                    continue
+                if not stat.S_ISDIR(found.st_mode):  # a FIFO or device is refused when read
+                    yield path, found.st_size if stat.S_ISREG(found.st_mode) else 0, False, {}
 
     def documents(self) -> Iterator[Document]:
         """Every document of every file, files in sorted order, records in file order."""
@@ -248,30 +292,40 @@ class FileSource:
         # Whatever goes wrong reading one file (a store error, a corrupt archive: decompressors
         # raise their own exception types) is that file's error document; only the settings'
         # InputErrors (a missing extra) stop the scan.
+        limits = self.options.limits
+        compression = compression_of(file.path)
         try:
-            raw = file.fs.open(file.path, "rb")
+            if _is_zip(file.fs):
+                whole = file.format in WHOLE_FORMATS and compression is None
+                check_member(file.listing, limits, whole=whole)
+            raw = open_local(file.path) if _is_local(file.fs) else file.fs.open(file.path, "rb")
         except InputError:
             raise
+        except Refused as exc:
+            yield Document(file.label, "", None, str(exc), file.size)
+            return
         except Exception as exc:
             yield Document(file.label, "", None, f"cannot read ({_read_message(exc)})", file.size)
             return
         with raw:
-            compression = compression_of(file.path)
-            stream: IO[bytes] = raw
+            stream: IO[bytes] = raw if _is_local(file.fs) else buffered(raw)
             if compression is not None:
-                from fsspec.compression import compr
-
                 try:
-                    stream = compr[compression](raw, mode="rb")
+                    stream = inflate(raw, compression, limits)
                 except Exception as exc:
                     yield Document(
                         file.label, "", None, f"cannot decompress ({_read_message(exc)})", file.size
                     )
                     return
-            yield from self._with_sizes(file, raw, records(stream, file.format, **self._fields()))
-
-    def _fields(self) -> dict[str, str | None]:
-        return {"field": self.options.field, "column": self.options.column}
+            found = records(
+                stream,
+                file.format,
+                field=self.options.field,
+                column=self.options.column,
+                limits=limits,
+                decompressed=compression is not None,
+            )
+            yield from self._with_sizes(file, raw, found)
 
     @staticmethod
     def _with_sizes(file: _File, raw: Any, found: Iterator[Record]) -> Iterator[Document]:
@@ -323,6 +377,8 @@ def short_message(exc: BaseException) -> str:
 def _read_message(exc: Exception) -> str:
     # Decompressors and parsers raise their own types (LZMAError, zlib.error, BadZipFile), whose
     # text says little without the type.
+    if isinstance(exc, OverLimit):
+        return str(exc)
     if isinstance(exc, OSError):
         return short_message(exc)
     kind = type(exc).__name__

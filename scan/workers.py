@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -282,8 +283,14 @@ class PoolExecutor:
         return self._pool.submit(_pool_batch, self.config.token, self.config.alpha, batch)
 
     def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:
-        """Done futures, after waiting for the first."""
+        """Done futures, after waiting for the first; a broken pool's error says how its
+        worker died (`_deaths`), which `BrokenProcessPool` itself does not."""
         done, _ = cf.wait(futures, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+        for future in done:
+            exc = future.exception()
+            noted = getattr(exc, "__notes__", None)  # every future of the broken pool shares it
+            if isinstance(exc, BrokenProcessPool) and not noted and (deaths := _deaths(self._pool)):
+                exc.add_note(deaths)
         return list(done)
 
     def restart(self) -> None:
@@ -295,6 +302,29 @@ class PoolExecutor:
     def close(self) -> None:
         """Cancel queued batches and stop the processes."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _deaths(pool: cf.ProcessPoolExecutor) -> str | None:
+    """How the pool's worker processes that died ended, e.g. "a worker process was killed by
+    SIGKILL (the kernel's out-of-memory killer?)"; None when unknown.
+
+    Reads the pool's process table (`_processes`, not public API; absent, nothing is said). The
+    pool ends its other workers with SIGTERM once it is broken: those are not the cause.
+    """
+    processes = getattr(pool, "_processes", None) or {}
+    codes = sorted({p.exitcode for p in list(processes.values())} - {None, 0, -signal.SIGTERM})
+    return "; ".join(_exit_text(code) for code in codes) or None
+
+
+def _exit_text(code: int) -> str:
+    if code >= 0:
+        return f"a worker process exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = {"SIGKILL": " (the kernel's out-of-memory killer?)", "SIGABRT": " (a failed memory allocation?)"}
+    return f"a worker process was killed by {name}{hint.get(name, '')}"
 
 
 class DaskExecutor:

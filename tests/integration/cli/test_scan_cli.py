@@ -7,6 +7,7 @@ fixed in advance: tests compare with what `Localizer` says under the same key in
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import subprocess
@@ -162,8 +163,19 @@ def test_scan_a_sql_table(table_url, tmp_path, key_id):
         (["--field", "body", "--alpha", "2"], "--alpha"),
         (["--field", "body", "--window", "-1"], "--window"),
         (["--field", "body", "--workers", "-1"], "--workers"),
+        (["--field", "body", "--max-doc-bytes", "0"], "--max-doc-bytes"),
+        (["--field", "body", "--max-ratio", "0"], "--max-ratio"),
     ],
-    ids=["unknown-format", "missing-field", "unknown-key", "bad-alpha", "bad-window", "bad-workers"],
+    ids=[
+        "unknown-format",
+        "missing-field",
+        "unknown-key",
+        "bad-alpha",
+        "bad-window",
+        "bad-workers",
+        "bad-max-doc-bytes",
+        "bad-max-ratio",
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(docs, tmp_path, key_id, args, message):
     result = _invoke("scan", str(docs), "--out", str(tmp_path / "out.jsonl"), *args)
@@ -223,6 +235,8 @@ def test_help_explains_sources_windows_and_resume():
         "--window",
         "--workers",
         "--follow-links",
+        "--max-doc-bytes",
+        "--max-ratio",
         "s3://",
     ):
         assert word in result.stdout
@@ -292,3 +306,27 @@ def test_links_out_of_the_scanned_folder_are_not_read_unless_asked(tmp_path, key
     assert result.exit_code == 0, result.output
     rows = {Path(r["source"]).name: r for r in map(json.loads, followed.read_text().splitlines())}
     assert rows["link.txt"]["verdict"] != "error" and rows["link.txt"]["n_tokens"] == 150
+
+
+def test_a_bomb_is_one_error_row_naming_the_limit_in_a_fresh_process(tmp_path, key_id):
+    # The reproduction with a worker process: a .gz of 50 MB of zeros (50 KB on disk) used
+    # to kill the worker three times and leave a row that did not say why; under a 1 MiB limit it
+    # is one error row that names the limit, read in the driver, and the other file is scanned.
+    root = tmp_path / "d"
+    root.mkdir()
+    with gzip.open(root / "bomb.txt.gz", "wb", compresslevel=1) as fh:
+        for _ in range(50):
+            fh.write(bytes(1 << 20))
+    (root / "a.txt").write_text(_human(11), encoding="utf-8")
+    out = tmp_path / "o.jsonl"
+    command = [sys.executable, "-m", "wmark.cli", "scan", str(root), "--out", str(out)]
+    done = subprocess.run(
+        [*command, "--workers", "1", "--max-doc-bytes", str(1 << 20)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {Path(r["source"]).name: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["bomb.txt.gz"]["error"] == "document over --max-doc-bytes (1 MiB) after decompression"
+    assert rows["a.txt"]["verdict"] != "error" and rows["a.txt"]["n_tokens"] == 150
