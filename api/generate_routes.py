@@ -1,10 +1,15 @@
 """POST /v1/chat/completions and /v1/completions (OpenAI-compatible, watermarked), GET /v1/models.
 
 Each request is checked (model name, limits, the server's key) before it queues, so bad input
-gets a 4xx and never a broken stream. Then it waits for the model pair (`Generation`), and its
-answer comes whole or, with `stream: true`, as server-sent events exactly as OpenAI's API sends
-them, ending with `data: [DONE]`. A client that goes away cancels its generation at the next
-block. wmark's fields (key id, AATPS, method, audit row) are in the extension field `wmark`.
+gets a 4xx and never a broken stream. A prompt longer in characters than `max_prompt_tokens`
+tokens can hold is refused before it is tokenised (`_check_characters`); the others are tokenised
+on the generation's own small pool. Then the request waits for the model pair (`Generation`),
+and nothing is answered until the generation emits its first tokens: whatever ends it before
+that (a revoked token or key, a failure) is an HTTP error in OpenAI's shape. The answer comes
+whole or, with `stream: true`, as server-sent events exactly as OpenAI's API sends them, ending
+with `data: [DONE]`; a stream that cannot finish (a revocation, a failure) ends with an error
+event instead. A client that goes away cancels its generation at the next block. wmark's
+fields (key id, AATPS, method, audit row) are in the extension field `wmark`.
 """
 
 from __future__ import annotations
@@ -12,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from wmark.api.deps import require
-from wmark.api.generation import Failed, Finished, Generation, Job, Tokens
+from wmark.api.generation import Event, Failed, Finished, Generation, Job, Tokens
 from wmark.api.openai_errors import error_type
 from wmark.api.openai_schemas import (
     ChatCompletionRequest,
@@ -39,6 +44,7 @@ __all__ = ["OPENAI_PATHS", "router"]
 
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 
+T = TypeVar("T")
 router = APIRouter(tags=["generate"])
 GeneratorToken = Annotated[TokenInfo, Depends(require("generator"))]
 
@@ -90,7 +96,11 @@ async def list_models(_token: GeneratorToken, generation: GenerationDep) -> dict
 async def chat_completions(
     body: ChatCompletionRequest, token: GeneratorToken, generation: GenerationDep, request: Request
 ) -> Response:
-    """Watermarked chat completion (the target's chat template, then the server's sampler and key)."""
+    """Watermarked chat completion (the target's chat template, then the server's sampler and key).
+
+    A message's content is text: control-token text in it (`<|im_end|>` ...) is encoded as plain
+    text, never as the control token (the template's own are the only ones).
+    """
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     return await _complete(
         generation, body, token, request, chat=True, encode=lambda: generation.pair.encode_messages(messages)
@@ -128,7 +138,11 @@ async def _complete(
     budget = body.budget() or settings.max_tokens
     if budget > settings.max_tokens:
         raise LimitExceeded(f"max_tokens is {budget}; this server allows at most {settings.max_tokens}")
-    prompt_ids = await run_in_threadpool(encode)
+    _check_characters(
+        body.prompt_chars(), settings.max_prompt_tokens, generation.pair.prompts.max_token_chars
+    )
+    generation.ensure_room()
+    prompt_ids = await generation.tokenise(encode)
     if len(prompt_ids) > settings.max_prompt_tokens:
         raise LimitExceeded(
             f"the prompt has {len(prompt_ids)} tokens; the limit is {settings.max_prompt_tokens}"
@@ -141,7 +155,7 @@ async def _complete(
         ),
         key=key,
         seed=body.seed,
-        actor=token.actor,
+        token_id=token.token_id,
         audit={
             "endpoint": request.url.path,
             "prompt_sha256": text_digest(body.digest_source()),
@@ -149,20 +163,44 @@ async def _complete(
         },
     )
     generation.submit(job)
+    first = await _unless_disconnected(job.events.get(), request)
+    if first is None:
+        job.cancel()
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+    if isinstance(first, Failed):  # nothing was generated: an HTTP error
+        raise first.error
     reply = _Reply(chat=chat, model=settings.model_name or "", decode=generation.pair.decode)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return _GenerationStream(
             job,
-            _stream(job, reply, include_usage=include_usage),
+            _stream(job, first, reply, include_usage=include_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    finished = await _unless_disconnected(job.finished(), request)
+    finished = first if isinstance(first, Finished) else await _unless_disconnected(job.finished(), request)
     if finished is None:
         job.cancel()
-        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+        return Response(status_code=499)
     return JSONResponse(reply.whole(finished))
+
+
+def _check_characters(chars: int, max_tokens: int, max_token_chars: int) -> None:
+    """Refuse, before tokenising it, a prompt whose contents have more characters than
+    `max_tokens` tokens can cover.
+
+    Every character of a text is covered by some token, and no token covers more characters
+    than the vocabulary's longest token has (a byte-level token's characters are bytes, and a
+    character is at least one byte): so such a prompt has more tokens than allowed, whatever it
+    says, and tokenising it (seconds for a megabyte) would only confirm that. A tokenizer that
+    drops characters (whitespace between words, control characters) could fit more characters
+    into its tokens; refusing those prompts loses nothing but what it would have dropped.
+    """
+    limit = max_tokens * max_token_chars
+    if chars > limit:
+        raise LimitExceeded(
+            f"the prompt has {chars} characters; {max_tokens} tokens of this model hold at most {limit}"
+        )
 
 
 class _Reply:
@@ -243,14 +281,13 @@ class _GenerationStream(StreamingResponse):
             self.job.cancel()
 
 
-async def _stream(job: Job, reply: _Reply, *, include_usage: bool) -> AsyncIterator[bytes]:
-    """The server-sent events of one generation (`_GenerationStream` cancels the job when the
-    response ends; the `finally` here covers a generator closed first)."""
+async def _stream(job: Job, first: Event, reply: _Reply, *, include_usage: bool) -> AsyncIterator[bytes]:
+    """The server-sent events of one generation, from its `first` event on (`_GenerationStream`
+    cancels the job when the response ends; the `finally` here covers a generator closed first)."""
     try:
         if reply.chat:
             yield sse(reply.chunk(role=True))
-        while True:
-            event = await job.events.get()
+        async for event in _events(job, first):
             if isinstance(event, Tokens):
                 text = reply.delta(event.ids)
                 if text:
@@ -279,7 +316,16 @@ async def _stream(job: Job, reply: _Reply, *, include_usage: bool) -> AsyncItera
         job.cancel()
 
 
-async def _unless_disconnected(work: Awaitable[Finished], request: Request) -> Finished | None:
+async def _events(job: Job, first: Event) -> AsyncIterator[Event]:
+    """`first`, then the job's events up to its end."""
+    event = first
+    yield event
+    while not isinstance(event, Finished | Failed):
+        event = await job.events.get()
+        yield event
+
+
+async def _unless_disconnected(work: Awaitable[T], request: Request) -> T | None:
     """`work`'s result, or None if the client disconnects first."""
 
     async def disconnected() -> None:

@@ -34,7 +34,7 @@ class GenerationSettings:
         max_tokens: most tokens one request may ask for, and the default (`WMARK_GENERATE_MAX_TOKENS`).
         max_prompt_tokens: longest prompt after the chat template (`WMARK_GENERATE_MAX_PROMPT_TOKENS`).
         max_queue: requests that may wait for the model while one generates; more get 429
-            (`WMARK_GENERATE_QUEUE`).
+            (`WMARK_GENERATE_QUEUE`; 0: none wait, one request generates at a time).
         top_k: top-k of both models (`WMARK_GENERATE_TOP_K`; 0: off). OpenAI's API has no top_k.
     """
 

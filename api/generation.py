@@ -4,27 +4,39 @@ A single worker thread owns the models (a model pair is neither thread-safe nor 
 one generation already keeps the cores busy). The event loop submits `Job`s and reads what the
 worker sends back through the job's asyncio queue: the tokens of each block, then the result
 (after the audit row is written) or the error. A job whose client went away is cancelled: the
-engine checks between blocks and stops. At most `max_queue` jobs wait behind the running one;
-one more is refused with `QueueFull` (429, Retry-After from the recent generation times).
+engine checks between blocks and stops. A job whose token or key was revoked is stopped the same
+way, at its start or between blocks (`revocation`), and ends with that error. Every job the
+worker takes is audited, however it ends. At most `max_queue` jobs wait behind the running one
+(0: none wait); one more is refused with `QueueFull` (429, Retry-After from the recent
+generation times).
+
+Prompts are tokenised on a small pool of their own (`tokenise`), off the event loop and off the
+threads that `def` routes and authentication share: a flood of big prompts waits there, and
+the service goes on answering everything else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from sqlalchemy.exc import OperationalError
+
+from wmark.api import revocation
 from wmark.api.errors import RateLimited
 from wmark.api.generate_settings import GenerationSettings
 from wmark.api.metrics import Metrics
-from wmark.errors import WmarkError
+from wmark.errors import KeyRevokedError, WmarkError
 from wmark.generator.backend import LanguageModel
 from wmark.generator.cpu.threads import CoreMeter, ThreadPlan
 from wmark.generator.drafters.build import build_drafter, drafter_model_source
@@ -36,9 +48,11 @@ from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 from wmark.keys.audit import AuditEntry, text_digest
 
-__all__ = ["Failed", "Finished", "Generation", "Job", "QueueFull", "Tokens"]
+__all__ = ["Event", "Failed", "Finished", "Generation", "GenerationFailed", "Job", "QueueFull", "Tokens"]
 
 log = logging.getLogger("wmark.api")
+T = TypeVar("T")
+TOKENISING_THREADS = 2  # prompts tokenised at once (tokenizers releases the GIL in encode_batch)
 
 
 class QueueFull(RateLimited):
@@ -47,10 +61,20 @@ class QueueFull(RateLimited):
     code = "queue_full"
 
     def __init__(self, retry_after: float, waiting: int) -> None:
-        super().__init__(retry_after)
-        self.args = (
-            f"the generation queue is full ({waiting} waiting); retry in {math.ceil(retry_after)} s",
-        )
+        seconds = max(1, math.ceil(retry_after))
+        # the Retry-After header rounds `retry_after + 0.5` (api.errors): from n - 0.5 it says n
+        super().__init__(seconds - 0.5)
+        self.args = (f"the generation queue is full ({waiting} waiting); retry in {seconds} s",)
+
+
+class GenerationFailed(WmarkError):
+    """The generation (or the tokenising of its prompt) raised something unexpected; it is logged."""
+
+    code = "internal_error"
+    status = 500
+
+    def __init__(self) -> None:
+        super().__init__("the generation failed (logged on the server)")
 
 
 @dataclass(frozen=True)
@@ -70,7 +94,8 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
-    """The generation raised."""
+    """The generation did not finish: `error` says why (a `WmarkError`, or the database's
+    `OperationalError`: both have their handler, so the client gets OpenAI's error shape)."""
 
     error: Exception
 
@@ -87,20 +112,27 @@ class Job:
         config: sampler settings (method, budget, temperature, top-p ...).
         key: the server's watermark key.
         seed: the request's seed (reproducible unkeyed randomness), or None.
-        actor: who asked (`token:<id>`), for the audit row.
-        audit: what the audit row says about the request besides the generation (actor,
-            endpoint, prompt digest).
+        token_id: the token that asked (checked for revocation until the job ends).
+        audit: what the audit row says about the request besides the generation (endpoint,
+            prompt digest).
+        stopped: set by the worker when a revocation stopped the job.
     """
 
     prompt_ids: Sequence[int]
     config: SamplerConfig
     key: KeyMaterial
     seed: int | None
-    actor: str
+    token_id: str
     audit: dict[str, Any]
+    stopped: WmarkError | None = None
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+
+    @property
+    def actor(self) -> str:
+        """Who asked, as the audit log names them."""
+        return f"token:{self.token_id}"
 
     def cancel(self) -> None:
         """Stop generating at the next block boundary (no-op once finished)."""
@@ -145,7 +177,10 @@ class Generation:
         self.current: Job | None = None  # the job generating now (tests watch it)
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._waiting = 0
+        self._waiting = 0  # jobs in the queue
+        self._admitted = 0  # jobs in the queue or running
+        self.tokenising_threads = TOKENISING_THREADS
+        self._tokeniser = ThreadPoolExecutor(TOKENISING_THREADS, thread_name_prefix="wmark-tokenise")
         self._mean_seconds = 1.0  # moving average of generation times, for Retry-After
         # the machine's load changes while the server runs: plan the CPU threads per generation
         self._meter = CoreMeter() if settings.device == "cpu" else None
@@ -194,18 +229,39 @@ class Generation:
             draft_logits=logits,
         )
 
+    async def tokenise(self, work: Callable[[], T]) -> T:
+        """`work()` (a prompt's tokenising) on the tokenising pool; an unexpected error of the
+        tokenizer or the template is logged and raised as `GenerationFailed`."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._tokeniser, work)
+        except WmarkError:
+            raise
+        except Exception as exc:
+            log.error("tokenising failed: %s", type(exc).__name__, exc_info=exc)
+            raise GenerationFailed() from None
+
+    def ensure_room(self) -> None:
+        """Raise `QueueFull` if `submit` would now (so a prompt is not tokenised for nothing)."""
+        with self._lock:
+            self._refuse_if_full()
+
     def submit(self, job: Job) -> None:
         """Queue `job`, or raise `QueueFull`."""
         with self._lock:
-            if self._waiting >= self.settings.max_queue:
-                retry = self._mean_seconds * (self._waiting + 1)
-                raise QueueFull(retry, self._waiting)
+            self._refuse_if_full()
+            self._admitted += 1
             self._waiting += 1
             self.metrics.queue_length.set(self._waiting)
         self._jobs.put(job)
 
+    def _refuse_if_full(self) -> None:
+        """Under the lock: one job may run and `max_queue` wait behind it."""
+        if self._admitted >= self.settings.max_queue + 1:
+            raise QueueFull(self._mean_seconds * self._admitted, self._waiting)
+
     def close(self) -> None:
         """Cancel the running job, drop the waiting ones and stop the worker."""
+        self._tokeniser.shutdown(wait=False, cancel_futures=True)
         while True:
             try:
                 job = self._jobs.get_nowait()
@@ -229,6 +285,8 @@ class Generation:
                 job.send(self._serve(job))
             finally:
                 self.current = None
+                with self._lock:
+                    self._admitted -= 1
 
     def _serve(self, job: Job) -> Finished | Failed:
         started = time.monotonic()
@@ -236,7 +294,9 @@ class Generation:
             log.info("CPU threads now: torch %d, int8 GEMM %d (%s wait)", *dataclasses.astuple(plan))
             self.pair.use_threads(plan)
             self._plan = plan
+        result: GenerationResult | None = None
         try:
+            self._start(job)
             result = generate(
                 self.pair.target,
                 job.prompt_ids,
@@ -246,13 +306,17 @@ class Generation:
                 seed=job.seed,
                 decode=self.pair.decode,
                 on_emit=lambda ids: job.send(Tokens(tuple(ids))),
-                should_stop=job.cancelled.is_set,
+                should_stop=lambda: self._should_stop(job),
             )
-            seq = self._audit(job, result)
+            if job.stopped is not None:
+                raise job.stopped
+            # audited, so answered, only if neither was revoked since the last block
+            allowed = functools.partial(
+                revocation.ensure_allowed, token_id=job.token_id, key_id=job.key.key_id
+            )
+            seq = self._audit(job, result, result.stop_reason, precondition=allowed)
         except Exception as exc:  # the worker must outlive any one request
-            if not isinstance(exc, WmarkError):
-                log.error("generation failed: %s", type(exc).__name__, exc_info=exc)
-            return Failed(exc)
+            return self._failed(job, exc, result)
         with self._lock:
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (time.monotonic() - started)
         self.metrics.generated_tokens.inc(len(result.token_ids))
@@ -261,22 +325,72 @@ class Generation:
             self.metrics.aatps.observe(result.aatps)
         return Finished(result, seq)
 
-    def _audit(self, job: Job, result: GenerationResult) -> int:
-        """One row per generation: digests of prompt and output, key, counts; never the text."""
+    def _start(self, job: Job) -> None:
+        """The job's token and key as they are now: revoked, it does not start; its key rotated
+        while it waited, it generates with the successor."""
+        if revocation.check(self.registry, job.token_id, job.key.key_id) == "retired":
+            job.key = self.key()
+
+    def _should_stop(self, job: Job) -> bool:
+        """Before each block: the client went away, or the token or the key was revoked."""
+        if job.cancelled.is_set():
+            return True
+        try:
+            revocation.check(self.registry, job.token_id, job.key.key_id)
+        except (revocation.TokenRevoked, KeyRevokedError) as exc:
+            job.stopped = exc
+            return True
+        return False
+
+    def _failed(self, job: Job, error: Exception, result: GenerationResult | None = None) -> Failed:
+        """Audit a generation that did not finish (why, and what it had emitted), and say why.
+
+        A revocation's finish reason is its code ("token_revoked", "key_revoked"); anything else
+        is "error", with the error's code. An error that is neither wmark's nor the database's
+        is logged and answered as `GenerationFailed`, so the client gets OpenAI's error shape.
+        """
+        if not isinstance(error, (WmarkError, OperationalError)):
+            log.error("generation failed: %s", type(error).__name__, exc_info=error)
+            error = GenerationFailed()
+        revoked = isinstance(error, (revocation.TokenRevoked, KeyRevokedError))
+        code = error.code if isinstance(error, WmarkError) else "database_unavailable"
+        reason = code if revoked else "error"
+        try:
+            self._audit(job, result, reason, error=None if revoked else code)
+        except Exception as exc:  # the database is gone too: the error still goes to the client
+            log.error("generation not audited: %s", type(exc).__name__)
+        self.metrics.generations.labels(reason).inc()
+        return Failed(error)
+
+    def _audit(
+        self,
+        job: Job,
+        result: GenerationResult | None,
+        finish_reason: str,
+        *,
+        error: str | None = None,
+        precondition: Callable[[Any], None] | None = None,
+    ) -> int:
+        """One row per job the worker took: digests of prompt and output, key, counts, how it
+        ended; never the text. `precondition` runs in the row's transaction (`AuditLog.append`)."""
+        outcome: dict[str, Any] = {
+            **job.audit,
+            "model": self.settings.model_name,
+            "method": job.config.method,
+            "prompt_tokens": len(job.prompt_ids),
+            "completion_tokens": len(result.token_ids) if result is not None else 0,
+            "finish_reason": finish_reason,
+        }
+        if result is not None:
+            outcome["aatps"] = round(result.aatps, 4)
+        if error is not None:
+            outcome["error"] = error
         entry = AuditEntry(
             actor=job.actor,
             action="generate",
             key_ids=(job.key.key_id,),
-            text_sha256=text_digest(result.text),
-            result={
-                **job.audit,
-                "model": self.settings.model_name,
-                "method": result.method,
-                "prompt_tokens": len(result.prompt_ids),
-                "completion_tokens": len(result.token_ids),
-                "finish_reason": result.stop_reason,
-                "aatps": round(result.aatps, 4),
-            },
+            text_sha256=text_digest(result.text) if result is not None else None,
+            result=outcome,
         )
-        (record,) = self.registry.audit.append(entry)
+        (record,) = self.registry.audit.append(entry, precondition=precondition)
         return record.seq

@@ -2,6 +2,9 @@
 
 Requests are validated strictly (no type coercion, unknown arguments refused), as OpenAI's API
 does; what wmark cannot honour (n > 1, stop sequences, penalties) is refused rather than ignored.
+So are values no sampler should meet: NaN and infinities (Python's JSON reads them), subnormal
+numbers, a temperature under `MIN_TEMPERATURE`, and text that is not Unicode (a lone surrogate,
+which JSON's `\ud800` escapes can carry but no UTF-8 tokenizer or digest can take).
 Responses follow OpenAI's chat.completion / text_completion objects and their stream chunks,
 with wmark's own fields under the extension field `wmark`.
 """
@@ -9,12 +12,15 @@ with wmark's own fields under the extension field `wmark`.
 from __future__ import annotations
 
 import json
+import re
 import secrets
+import sys
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
+    "MIN_TEMPERATURE",
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
@@ -25,7 +31,27 @@ __all__ = [
     "usage",
 ]
 
-_STRICT = ConfigDict(extra="forbid", strict=True)
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+# Below this, sampling is greedy for all purposes (a logit gap of 0.1 becomes a factor of e^10)
+# and the text carries next to no watermark; at subnormal temperatures 1/T overflows and the
+# sampler's distribution is NaN. vLLM raises such temperatures to this same 0.01.
+MIN_TEMPERATURE = 0.01
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode(text: str) -> str:
+    if _SURROGATE.search(text):
+        raise ValueError("text must be valid Unicode: a lone surrogate (U+D800..U+DFFF) is not")
+    return text
+
+
+def _normal(value: float | None) -> float | None:
+    if value is not None and 0 < abs(value) < sys.float_info.min:
+        raise ValueError("subnormal numbers are not accepted")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
 
 
 class TextPart(BaseModel):
@@ -33,7 +59,7 @@ class TextPart(BaseModel):
 
     model_config = _STRICT
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
@@ -41,8 +67,8 @@ class ChatMessage(BaseModel):
 
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+    content: Text | list[TextPart]
+    name: Text | None = None
 
     def text(self) -> str:
         """The content as one string."""
@@ -60,10 +86,10 @@ class _Sampling(BaseModel):
     """What both endpoints take."""
 
     model_config = _STRICT
-    model: Annotated[str, Field(min_length=1, max_length=200)]
+    model: Annotated[Text, Field(min_length=1, max_length=200)]
     max_tokens: Annotated[int | None, Field(ge=1)] = None
-    temperature: Annotated[float | None, Field(gt=0.0, le=2.0)] = None
-    top_p: Annotated[float | None, Field(gt=0.0, le=1.0)] = None
+    temperature: Annotated[float | None, Field(ge=MIN_TEMPERATURE, le=2.0)] = None
+    top_p: Annotated[float | None, Field(gt=0.0, le=1.0), AfterValidator(_normal)] = None
     seed: int | None = None
     n: int | None = None
     stream: bool = False
@@ -71,7 +97,7 @@ class _Sampling(BaseModel):
     stop: None = None
     presence_penalty: Annotated[float | None, Field(ge=0.0, le=0.0)] = None
     frequency_penalty: Annotated[float | None, Field(ge=0.0, le=0.0)] = None
-    user: Annotated[str | None, Field(max_length=256)] = None
+    user: Annotated[Text | None, Field(max_length=256)] = None
 
     @field_validator("n")
     @classmethod
@@ -105,6 +131,10 @@ class ChatCompletionRequest(_Sampling):
         """The token budget asked for (max_completion_tokens, OpenAI's newer name, wins)."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def prompt_chars(self) -> int:
+        """Characters of all the contents (what the chat template adds not counted)."""
+        return sum(len(m.text()) for m in self.messages)
+
     def digest_source(self) -> str:
         """The canonical JSON of the messages, whose SHA-256 the audit row keeps."""
         plain = [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -114,7 +144,7 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """POST /v1/completions (a raw prompt, no chat template)."""
 
-    prompt: Annotated[str | list[str], Field(min_length=1)]
+    prompt: Annotated[Text | list[Text], Field(min_length=1)]
     echo: Literal[False] = False
     logprobs: None = None
     suffix: None = None
@@ -132,6 +162,10 @@ class CompletionRequest(_Sampling):
     def budget(self) -> int | None:
         """The token budget asked for."""
         return self.max_tokens
+
+    def prompt_chars(self) -> int:
+        """Characters of the prompt."""
+        return len(self.digest_source())
 
     def digest_source(self) -> str:
         """The prompt, whose SHA-256 the audit row keeps."""

@@ -98,7 +98,10 @@ def serve(
         int, typer.Option(min=1, help="--generate: longest prompt, in tokens after the chat template.")
     ] = 4096,
     queue: Annotated[
-        int, typer.Option(min=0, help="--generate: requests that may wait for the model (more get 429).")
+        int,
+        typer.Option(
+            min=0, help="--generate: requests that may wait while one generates (more get 429; 0: none wait)."
+        ),
     ] = 8,
     device: Annotated[str, typer.Option(help="--generate: cpu or cuda.")] = "cpu",
     precision: Annotated[

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -251,10 +252,10 @@ def test_fuzzed_requests_get_a_4xx_in_openai_shape_never_a_5xx(gen):
 
 def test_a_client_that_disconnects_stops_its_generation(gen, gate):
     with gen.served(method="basic-uwm", max_tokens=100) as srv:
+        gate.release(3)  # a stream's response starts with its first tokens
         stream = srv.client().chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=100, seed=1, stream=True
         )
-        gate.release(3)
         seen = 0
         for chunk in stream:
             seen += bool(chunk.choices and chunk.choices[0].delta.content)
@@ -295,24 +296,32 @@ def test_a_full_queue_answers_429_with_retry_after(gen, gate):
     with gen.served(method="basic-uwm", max_queue=1) as srv:
         client = srv.client()
         ask = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 50, "seed": 2}
+        gate.release(1)  # a stream's response starts with its first tokens
         running = client.chat.completions.create(**ask, stream=True)
-        gen.until(lambda: srv.generation.current is not None, "the first request to generate")
-        waiting = client.chat.completions.create(**ask, stream=True)  # the queue's one place
+        waiting: list = []  # the queue's one place; its response starts when it generates
+        thread = threading.Thread(
+            target=lambda: waiting.extend(client.chat.completions.create(**ask, stream=True)), daemon=True
+        )
+        thread.start()
+
+        def queue_length() -> str:
+            metrics = httpx.get(
+                f"{srv.url}/metrics", headers={"Authorization": f"Bearer {srv.tokens['auditor']}"}
+            )
+            return next(x for x in metrics.text.splitlines() if x.startswith("wmark_generation_queue_length"))
+
+        gen.until(lambda: queue_length() == "wmark_generation_queue_length 1.0", "a request waiting")
         with pytest.raises(openai.RateLimitError) as caught:
             client.chat.completions.create(**ask)
         assert gen.error(caught.value)["code"] == "queue_full"
         assert int(caught.value.response.headers["retry-after"]) >= 1
-        metrics = httpx.get(
-            f"{srv.url}/metrics", headers={"Authorization": f"Bearer {srv.tokens['auditor']}"}
-        )
-        assert "wmark_generation_queue_length 1.0" in metrics.text.splitlines()
         running.close()
         gen.until(lambda: gen.job_cancelled(srv), "the server to notice the disconnect")
         gate.release(1000)
-        rest = list(waiting)  # the waiting request runs once the model is free
-        assert rest[-1].choices[0].finish_reason == "length"
+        thread.join(WAIT_S)  # the waiting request runs once the model is free
+        assert waiting[-1].choices[0].finish_reason == "length"
         first, second = gen.generations(srv.registry)
-        assert first.result["finish_reason"] == "cancelled" and first.result["completion_tokens"] <= 1
+        assert first.result["finish_reason"] == "cancelled" and first.result["completion_tokens"] <= 2
         assert second.result["finish_reason"] == "length" and second.result["completion_tokens"] == 50
         assert client.chat.completions.create(**{**ask, "max_tokens": 3}).usage.completion_tokens == 3
 
