@@ -1,4 +1,5 @@
-"""/healthz (process alive), /readyz (database reachable, schema current) and /metrics (auditor)."""
+"""/healthz (process alive), /readyz (database reachable, schema current, master key opens the active
+keys) and /metrics (auditor)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from wmark.api.deps import AuditorToken, ServiceDep
 from wmark.api.errors import AUTHENTICATED, documented, error_response
 from wmark.api.metrics import CONTENT_TYPE_LATEST
 from wmark.errors import KeyRegistryError
+from wmark.keys import KeyRegistry
 from wmark.keys.db import head_revision, schema_revision
+from wmark.keys.sqlite_file import RegistryDamagedError
 
 __all__ = ["router"]
 
@@ -28,22 +31,34 @@ def healthz() -> dict[str, Any]:
 
 @router.get("/readyz", summary="Readiness", responses=documented(503))
 async def readyz(service: ServiceDep) -> JSONResponse:
-    """The database answers (within `WMARK_API_READY_TIMEOUT` seconds) and its schema is this release's."""
+    """The database answers (within `WMARK_API_READY_TIMEOUT` seconds), its schema is this release's
+    and the master key opens the active keys."""
     # Waits on the service's threads and gives up after `ready_timeout`: a probe of a database
     # that does not answer gets its 503 at once; the thread it leaves ends within the database's
     # own timeouts (wmark.keys.db_timeouts).
     timeout = service.settings.ready_timeout
     try:
-        revision, head = await asyncio.wait_for(
-            service.in_thread(lambda: (schema_revision(service.registry.engine), head_revision())), timeout
+        revision, head, master_key = await asyncio.wait_for(
+            service.in_thread(lambda: _probe(service.registry)), timeout
         )
     except TimeoutError:
         return error_response(503, "not_ready", f"the database did not answer within {timeout:g} s")
+    except RegistryDamagedError:  # its path and the driver's words are in the CLI's message
+        return error_response(503, "not_ready", "the registry database is damaged")
     except (KeyRegistryError, SQLAlchemyError):
         return error_response(503, "not_ready", "the database is unreachable")
     if revision != head:
         return error_response(503, "not_ready", f"schema at {revision}, expected {head}: run wmark migrate")
+    if master_key is not None:
+        return error_response(503, "not_ready", master_key)
     return JSONResponse({"status": "ready", "schema": revision})
+
+
+def _probe(registry: KeyRegistry) -> tuple[str | None, str, str | None]:
+    """The schema's revision, this release's, and (schema current) why the master key cannot
+    serve the active keys: cached by `MasterKeyHealth`, which decrypts only when they changed."""
+    revision, head = schema_revision(registry.engine), head_revision()
+    return revision, head, registry.master_key_health.problem() if revision == head else None
 
 
 @router.get(
