@@ -138,6 +138,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
     app.router.routes.insert(0, FastDetectRoute(app))  # first: ahead of the FastAPI route of POST /v1/detect
     for module in (detect_routes, key_routes, audit_routes, receipt_routes, health_routes, page):
         app.include_router(module.router)
+    app.include_router(key_routes.vllm_router)
     return app
 
 

@@ -1,4 +1,5 @@
-"""/v1/keys (admin): list, create, register vLLM keys, show, rotate and revoke. Secrets never appear here.
+"""/v1/keys (admin): list, create, show, rotate and revoke; /v1/vllm-keys: register a vLLM deployment's
+key. Secrets never appear here.
 
 Key changes are audited by the registry in the same transaction, with the token as the actor.
 """
@@ -14,9 +15,10 @@ from wmark.api.errors import AUTHENTICATED, documented
 from wmark.api.schemas import KeyCreate, KeyDetail, KeyList, KeyPublic, VllmKeyCreate
 from wmark.vllm_gumbel import VllmWatermarkConfig
 
-__all__ = ["router"]
+__all__ = ["router", "vllm_router"]
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=documented(*AUTHENTICATED, 404, 409))
+vllm_router = APIRouter(prefix="/v1/vllm-keys", tags=["keys"], responses=documented(*AUTHENTICATED, 404, 409))
 
 KeyIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="The key's id.")]
 
@@ -45,7 +47,8 @@ def create_key(body: KeyCreate, token: AdminToken, service: ServiceDep) -> dict[
     return info.to_dict()
 
 
-@router.post("/vllm", response_model=KeyPublic, status_code=201, summary="Register a vLLM deployment's key")
+# Not under /v1/keys/: GET /v1/keys/{key_id} would match its path too (and OPTIONS would offer GET).
+@vllm_router.post("", response_model=KeyPublic, status_code=201, summary="Register a vLLM deployment's key")
 def create_vllm_key(body: VllmKeyCreate, token: AdminToken, service: ServiceDep) -> dict[str, Any]:
     """Register the key of a vLLM deployment's `--watermark-config`, to detect vLLM's native
     watermark (as `wmark keys create --scheme vllm-...`). The config's secret key is sealed under

@@ -87,8 +87,11 @@ class DetectItem(_Strict):
     model_config = ConfigDict(
         json_schema_extra={
             "oneOf": [
-                {"required": ["text"], "not": {"required": ["prompt_ids"]}},
-                {"required": ["token_ids"]},
+                {
+                    "required": ["text"],
+                    "not": {"anyOf": [{"required": ["token_ids"]}, {"required": ["prompt_ids"]}]},
+                },
+                {"required": ["token_ids"], "not": {"required": ["text"]}},
             ]
         }
     )
@@ -258,7 +261,7 @@ class VllmConfigIn(_Strict):
     checked as vLLM checks them, so a config vLLM refuses is refused here too.
     """
 
-    key: Annotated[int, Field(ge=0, le=2**64 - 1)] = Field(
+    key: Annotated[int, Field(ge=0, le=2**64 - 1), _Integral] = Field(
         description="The secret watermark key: write-only, sealed under the master key, never returned.",
         json_schema_extra={"writeOnly": True},
     )
@@ -283,7 +286,7 @@ class VllmConfigIn(_Strict):
 
 
 class VllmKeyCreate(_Strict):
-    """POST /v1/keys/vllm: register a vLLM deployment's key, to detect its native watermark."""
+    """POST /v1/vllm-keys: register a vLLM deployment's key, to detect its native watermark."""
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
     tokenizer_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = Field(

@@ -51,7 +51,7 @@ def make_engine(url: str, timeouts: DatabaseTimeouts | None = None) -> Engine:
         kwargs["pool_timeout"] = timeouts.pool
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, **kwargs)
-    if "poolclass" not in kwargs:  # a file: created whole, refused when empty, named when damaged
+    if parsed.database and "poolclass" not in kwargs:  # a file: created whole, refused empty, named damaged
         guard_sqlite_file(engine, Path(parsed.database).expanduser())
 
     @event.listens_for(engine, "connect")

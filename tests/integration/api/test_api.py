@@ -35,7 +35,7 @@ ALLOWED = {
     "/v1/detect": {"detector", "admin"},
     "/v1/detect/batch": {"detector", "admin"},
     "/v1/keys": {"admin"},
-    "/v1/keys/vllm": {"admin"},
+    "/v1/vllm-keys": {"admin"},
     "/v1/keys/{key_id}": {"admin"},
     "/v1/keys/{key_id}/rotate": {"admin"},
     "/v1/keys/{key_id}/revoke": {"admin"},
@@ -160,7 +160,7 @@ def _request_for(path: str, api: Api) -> tuple[str, str, dict]:
         return "GET", concrete, {}
     if path.endswith(("/rotate", "/revoke")):
         return "POST", concrete, {}
-    if path == "/v1/keys/vllm":
+    if path == "/v1/vllm-keys":
         return (
             "POST",
             concrete,

@@ -7,15 +7,19 @@ without it; window keys score the answer's first tokens with it; vLLM keys ignor
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import jsonschema_rs  # schemathesis's validator
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from wmark import KeyMaterial
 from wmark.api import Settings, create_app
+from wmark.api.schemas import DetectItem
 from wmark.detector import Detector
 from wmark.keys import KeyRegistry
 from wmark.keys.tokens import ROLES
@@ -112,7 +116,7 @@ def test_a_window_key_scores_the_answers_first_tokens_with_the_prompt_and_vllm_k
     )  # the first h positions' windows reach into the prompt
     vllm = api.call(
         "POST",
-        "/v1/keys/vllm",
+        "/v1/vllm-keys",
         json={
             "name": "prod",
             "tokenizer_sha256": api.tokenizer_sha256,
@@ -138,6 +142,7 @@ def test_a_window_key_scores_the_answers_first_tokens_with_the_prompt_and_vllm_k
         {"token_ids": [1, 2], "prompt_ids": []},
         {"token_ids": [1, 2], "prompt_ids": None},
         {"token_ids": [1, 2], "prompt_ids": [-1]},
+        {"text": "w1", "token_ids": [1], "prompt_ids": [2]},
     ],
 )
 def test_bad_prompt_ids_are_a_422(api, body):
@@ -145,12 +150,26 @@ def test_bad_prompt_ids_are_a_422(api, body):
     assert resp.status_code == 422 and resp.json()["code"] == "validation_error", resp.text
 
 
+def test_the_schemas_oneof_admits_exactly_what_the_model_admits():
+    """Clients (and schemathesis) read the oneOf: text alone, or token_ids with or without prompt_ids."""
+    schema = jsonschema_rs.validator_for(DetectItem.model_json_schema())
+    values = {"text": "w1", "token_ids": [1], "prompt_ids": [2]}
+    for present in itertools.product([False, True], repeat=3):
+        body = {k: v for (k, v), keep in zip(values.items(), present, strict=True) if keep}
+        try:
+            DetectItem.model_validate(body)
+            admitted = True
+        except ValidationError:
+            admitted = False
+        assert schema.is_valid(body) == admitted, body
+
+
 def test_an_admin_registers_a_vllm_key_audited_and_the_secret_never_comes_back(api, planted):
     config = {"key": VLLM_KEY, "algorithm": "dual_key_gumbel", "alpha": 0.3}
     body = {"name": "prod-vllm", "tokenizer_sha256": api.tokenizer_sha256, "watermark_config": config}
     for role in ("detector", "auditor", "generator"):
-        assert api.call("POST", "/v1/keys/vllm", role=role, json=body).status_code == 403
-    resp = api.call("POST", "/v1/keys/vllm", json=body)
+        assert api.call("POST", "/v1/vllm-keys", role=role, json=body).status_code == 403
+    resp = api.call("POST", "/v1/vllm-keys", json=body)
     assert resp.status_code == 201, resp.text
     info = resp.json()
     assert info["spec"]["scheme"] == "vllm-dual-key-gumbel" and info["spec"]["dual_key_alpha"] == 0.3
@@ -178,16 +197,17 @@ def test_an_admin_registers_a_vllm_key_audited_and_the_secret_never_comes_back(a
         ({"key": 1, "context_width": 0}, 422),
         ({"key": 1, "prf": "hmac"}, 422),
         ({"key": 1, "unknown": 1}, 422),
+        ({"key": 1.0, "alpha": 1}, 201),  # integral JSON numbers, as everywhere in the API
     ],
 )
-def test_a_bad_vllm_config_is_a_422_that_does_not_echo_it(api, config, status):
+def test_a_vllm_config_is_checked_and_a_bad_one_is_not_echoed(api, config, status):
     body = {"name": "v", "tokenizer_sha256": api.tokenizer_sha256, "watermark_config": config}
-    resp = api.call("POST", "/v1/keys/vllm", json=body)
+    resp = api.call("POST", "/v1/vllm-keys", json=body)
     assert resp.status_code == status, resp.text
     assert str(VLLM_KEY) not in resp.text and "18446744073709551616" not in resp.text
 
 
 def test_a_vllm_key_needs_a_stored_tokenizer(api):
     body = {"name": "v", "tokenizer_sha256": "0" * 64, "watermark_config": {"key": 1}}
-    resp = api.call("POST", "/v1/keys/vllm", json=body)
+    resp = api.call("POST", "/v1/vllm-keys", json=body)
     assert resp.status_code == 404 and resp.json()["code"] == "tokenizer_not_found", resp.text
