@@ -17,7 +17,7 @@ $(STAMP): $(PY) pyproject.toml core/_fastprf.c generator/cpu/_tree_attention.c g
     generator/cpu/_int8_gemm_module.c generator/cpu/_int8_gemm_pool.c generator/cpu/_int8_gemm_rows.c \
     generator/cpu/_int8_gemm_portable.c generator/cpu/_int8_gemm_avx2.c generator/cpu/_int8_gemm_vnni.c \
     generator/cpu/_int8_gemm_amx.c generator/cpu/_int8_gemm_pack.c generator/cpu/_fastmath.h generator/cpu/_pool_api.h \
-    generator/cpu/_topk.c
+    generator/cpu/_topk.c detector/_fastsplice.c
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[generate,models,scan,dev]' --config-settings editable_mode=strict
 	touch $(STAMP)

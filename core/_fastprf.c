@@ -6,7 +6,9 @@
  * when the CPU has them and portable C otherwise.  No weakening of the PRF: this is
  * the same function as the reference, only faster.  Loops release the GIL so callers
  * can split a batch across threads.  First-occurrence masking of context windows
- * (dedup v1) is here too because a Python set costs more than the PRF itself.
+ * (dedup v1) is here too because a Python set costs more than the PRF itself, and so is
+ * scored_pivots, which does both for one token sequence in a single pass: a short text's
+ * detection would otherwise spend more in numpy's per-call overhead than in the PRF.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -195,7 +197,7 @@ static inline double seed_uniform(const uint8_t seed[32], uint32_t token, uint32
 
 typedef struct {
     Py_buffer key, prefix, rows;
-    Py_ssize_t n_rows, width;
+    Py_ssize_t n_rows, width, stride; /* row i starts at word i * stride (width, or 1 for a sequence) */
     uint8_t *msg;
     size_t msg_len;
     uint32_t istate[8], ostate[8];
@@ -220,6 +222,7 @@ static int seed_job_open(seed_job *job, PyObject *args, const char *fmt, Py_buff
         return -1;
     }
     job->n_rows = job->rows.len / (4 * job->width);
+    job->stride = job->width;
     job->msg_len = (size_t)job->prefix.len + 4 * (size_t)job->width;
     job->msg = (uint8_t *)malloc(job->msg_len);
     if (!job->msg) {
@@ -240,7 +243,7 @@ static void seed_job_close(seed_job *job, Py_buffer *extra) {
 }
 
 static inline void seed_for_row(seed_job *job, Py_ssize_t i, uint8_t seed[32]) {
-    const uint32_t *row = (const uint32_t *)job->rows.buf + i * job->width;
+    const uint32_t *row = (const uint32_t *)job->rows.buf + i * job->stride;
     uint8_t *tail = job->msg + job->prefix.len;
     for (Py_ssize_t k = 0; k < job->width; k++) store_be32(tail + 4 * k, row[k]);
     hmac_from_midstates(job->istate, job->ostate, job->msg, job->msg_len, seed);
@@ -400,6 +403,28 @@ static inline uint64_t mix64(uint64_t x) {
     return x;
 }
 
+/* Open addressing over row indices: the table of first_occurrence and scored_pivots. */
+static size_t row_table_capacity(Py_ssize_t n) {
+    size_t cap = 16;
+    while (cap < (size_t)(2 * n + 1)) cap <<= 1;
+    return cap;
+}
+
+/* Whether `row` (width words) is new to `table`, whose entries index rows of `data` (a row at
+ * index i starts at data + i * stride); a new row is entered under `index`. */
+static inline int row_is_new(int64_t *table, size_t cap, const uint32_t *data, Py_ssize_t stride,
+                             const uint32_t *row, Py_ssize_t width, int64_t index) {
+    uint64_t hsh = 0x9E3779B97F4A7C15ULL;
+    for (Py_ssize_t k = 0; k < width; k++) hsh = mix64(hsh ^ row[k]);
+    size_t slot = (size_t)hsh & (cap - 1);
+    while (table[slot] >= 0) {
+        if (memcmp(data + table[slot] * stride, row, 4 * (size_t)width) == 0) return 0;
+        slot = (slot + 1) & (cap - 1);
+    }
+    table[slot] = index;
+    return 1;
+}
+
 PyDoc_STRVAR(first_occurrence_doc,
              "first_occurrence(rows, width) -> bytes\n\n"
              "1 for each row of a uint32 (n, width) buffer that did not occur earlier, else 0.");
@@ -415,8 +440,7 @@ static PyObject *first_occurrence(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t n = rows.len / (4 * width);
-    size_t cap = 16;
-    while (cap < (size_t)(2 * n + 1)) cap <<= 1;
+    size_t cap = row_table_capacity(n);
     int64_t *table = (int64_t *)malloc(cap * sizeof(int64_t));
     PyObject *out = table ? PyBytes_FromStringAndSize(NULL, n) : NULL;
     if (!table) PyErr_NoMemory();
@@ -425,26 +449,76 @@ static PyObject *first_occurrence(PyObject *self, PyObject *args) {
         const uint32_t *data = (const uint32_t *)rows.buf;
         Py_BEGIN_ALLOW_THREADS
         for (size_t s = 0; s < cap; s++) table[s] = -1;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const uint32_t *row = data + i * width;
-            uint64_t hsh = 0x9E3779B97F4A7C15ULL;
-            for (Py_ssize_t k = 0; k < width; k++) hsh = mix64(hsh ^ row[k]);
-            size_t slot = (size_t)hsh & (cap - 1);
-            dst[i] = 1;
-            while (table[slot] >= 0) {
-                if (memcmp(data + table[slot] * width, row, 4 * (size_t)width) == 0) {
-                    dst[i] = 0;
-                    break;
-                }
-                slot = (slot + 1) & (cap - 1);
-            }
-            if (dst[i]) table[slot] = i;
-        }
+        for (Py_ssize_t i = 0; i < n; i++) dst[i] = (uint8_t)row_is_new(table, cap, data, width, data + i * width, width, i);
         Py_END_ALLOW_THREADS
     }
     free(table);
     PyBuffer_Release(&rows);
     return out;
+}
+
+PyDoc_STRVAR(scored_pivots_doc,
+             "scored_pivots(key, prefix, ids, width, start) -> (bytes, bytes)\n\n"
+             "The scored positions of a native-endian uint32 token sequence under window labels of\n"
+             "`width` IDs with dedup v1 (each t >= max(width, start) whose window ids[t - width : t]\n"
+             "did not occur at an earlier such t), as int64, and U(ids[t], 1) under the seed\n"
+             "HMAC-SHA256(key, prefix || be32(window)) of each, as float64: scored_positions and\n"
+             "pivots in one pass.");
+
+static PyObject *scored_pivots(PyObject *self, PyObject *args) {
+    (void)self;
+    seed_job job;
+    Py_ssize_t start;
+    memset(&job, 0, sizeof job);
+    if (!PyArg_ParseTuple(args, "y*y*y*nn", &job.key, &job.prefix, &job.rows, &job.width, &start)) {
+        seed_job_close(&job, NULL);
+        return NULL;
+    }
+    if (job.key.len > 64 || job.width <= 0 || job.rows.len % 4 != 0 || start < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "key of at most 64 bytes, uint32 ids, width >= 1 and start >= 0 expected");
+        seed_job_close(&job, NULL);
+        return NULL;
+    }
+    Py_ssize_t n = job.rows.len / 4, first = job.width > start ? job.width : start;
+    Py_ssize_t m = n > first ? n - first : 0;
+    job.stride = 1;
+    job.msg_len = (size_t)job.prefix.len + 4 * (size_t)job.width;
+    job.msg = (uint8_t *)malloc(job.msg_len);
+    size_t cap = row_table_capacity(m);
+    int64_t *table = (int64_t *)malloc(cap * sizeof(int64_t));
+    PyObject *positions = PyBytes_FromStringAndSize(NULL, m * 8);
+    PyObject *pivots_out = PyBytes_FromStringAndSize(NULL, m * 8);
+    PyObject *result = NULL;
+    if (!job.msg || !table) PyErr_NoMemory();
+    if (job.msg && table && positions && pivots_out) {
+        memcpy(job.msg, job.prefix.buf, job.prefix.len);
+        key_midstates((const uint8_t *)job.key.buf, (size_t)job.key.len, job.istate, job.ostate);
+        int64_t *pos = (int64_t *)PyBytes_AS_STRING(positions);
+        double *piv = (double *)PyBytes_AS_STRING(pivots_out);
+        const uint32_t *ids = (const uint32_t *)job.rows.buf;
+        Py_ssize_t count = 0;
+        Py_BEGIN_ALLOW_THREADS
+        uint8_t seed[32];
+        for (size_t s = 0; s < cap; s++) table[s] = -1;
+        for (Py_ssize_t t = first; t < n; t++) {
+            /* the window of t is ids[t - width : t]: row t - width of the sequence read with stride 1 */
+            if (!row_is_new(table, cap, ids, 1, ids + t - job.width, job.width, t - job.width)) continue;
+            seed_for_row(&job, t - job.width, seed);
+            pos[count] = t;
+            piv[count] = seed_uniform(seed, ids[t], 1);
+            count++;
+        }
+        Py_END_ALLOW_THREADS
+        if (_PyBytes_Resize(&positions, count * 8) == 0 && _PyBytes_Resize(&pivots_out, count * 8) == 0) {
+            result = PyTuple_Pack(2, positions, pivots_out);
+        }
+    }
+    free(table);
+    Py_XDECREF(positions);
+    Py_XDECREF(pivots_out);
+    seed_job_close(&job, NULL);
+    return result;
 }
 
 static PyObject *backend(PyObject *self, PyObject *args) {
@@ -476,6 +550,7 @@ static PyMethodDef methods[] = {
     {"pivots", pivots, METH_VARARGS, pivots_doc},
     {"uniforms", uniforms, METH_VARARGS, uniforms_doc},
     {"first_occurrence", first_occurrence, METH_VARARGS, first_occurrence_doc},
+    {"scored_pivots", scored_pivots, METH_VARARGS, scored_pivots_doc},
     {"vllm_uniforms", vllm_uniforms, METH_VARARGS, vllm_uniforms_doc},
     {"backend", backend, METH_NOARGS, "Which SHA-256 implementation is in use: 'sha-ni' or 'portable'."},
     {"use_portable", use_portable, METH_VARARGS, "use_portable(flag): force (True) or release (False) portable SHA-256."},

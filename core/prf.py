@@ -185,6 +185,19 @@ class KeyedSource:
         """Pivots U(token_i, 1) at each window; see `window_pivots`."""
         return window_pivots(self._key, self._prefix, windows, tokens, threads=threads)
 
+    def scored_pivots(
+        self, token_ids: npt.NDArray[np.uint32], start: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
+        """Window mode: the scored positions of `token_ids` (`wmark.contexts.scored_positions`)
+        and their pivots U(token, 1), in one pass in C; None where the C path is not built."""
+        if _fastprf is None:
+            return None
+        ids = np.ascontiguousarray(token_ids, dtype=np.uint32)
+        positions, pivots = _fastprf.scored_pivots(
+            self._key, self._prefix, ids, self.spec.context_width, start
+        )
+        return np.frombuffer(positions, dtype=np.int64), np.frombuffer(pivots, dtype=np.float64)
+
     def prefix_pivots(self, token_ids: Sequence[int], start: int) -> npt.NDArray[np.float64]:
         """Prefix-mode pivots U(y_t, 1) for t = start..n-1, hashing the label incrementally."""
         ids = list(token_ids)

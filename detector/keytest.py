@@ -23,6 +23,8 @@ from wmark.vllm_gumbel import VllmGumbelKey
 
 __all__ = ["KeyPivots", "KeyScore", "KeyScorer", "choose_verdict", "holm_adjust", "key_pivots"]
 
+_THREADED_TOKENS = 4096  # below this many tokens `window_pivots` uses one thread anyway
+
 
 @dataclass(frozen=True)
 class KeyPivots:
@@ -57,11 +59,15 @@ def key_pivots(
         positions = prefix_positions(len(token_ids), start)
         pivots = source.prefix_pivots(token_ids.tolist(), start)
     else:
-        sp = scored_positions(token_ids, spec.context_width, start)
-        positions, pivots = (
-            sp.positions,
-            source.window_pivots(sp.windows, token_ids[sp.positions], threads=threads),
-        )
+        # one pass in C, unless a long text's pivots are to be split over threads
+        one_pass = threads <= 1 or len(token_ids) < _THREADED_TOKENS
+        found = source.scored_pivots(token_ids, start) if one_pass else None
+        if found is not None:
+            positions, pivots = found
+        else:
+            sp = scored_positions(token_ids, spec.context_width, start)
+            positions = sp.positions
+            pivots = source.window_pivots(sp.windows, token_ids[sp.positions], threads=threads)
     return KeyPivots(positions, pivots, aaronson_scores(pivots))
 
 

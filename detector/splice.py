@@ -21,6 +21,9 @@ only (which becomes empty), inside a token or across several. The tests hold the
 equal to tokenising the canonical text, token for token, on many texts. Any other tokenizer
 (another pre-tokeniser, a normaliser, an added token that could span a line) is not spliced:
 `SpliceTables.from_json` returns None and the caller tokenises the reading in full.
+
+Which chunks may change is found by `wmark.detector._fastsplice` (C) where it is built, else by
+`_changed_chunks_reference` (numpy), its definition.
 """
 
 from __future__ import annotations
@@ -30,12 +33,19 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from wmark.detector.normalize import canonical_text
+
+_fastsplice: ModuleType | None
+try:  # the compiled scan of a text's tokens; `_changed_chunks_reference` defines it
+    import wmark.detector._fastsplice as _fastsplice
+except ImportError:  # pragma: no cover - only on an install built without a C compiler
+    _fastsplice = None
 
 __all__ = ["SpliceTables", "canonical_readings"]
 
@@ -127,6 +137,14 @@ class SpliceTables:
         rows[token_ids] = [_describe(data, token_id in added) for token_id, data in tokens.items()]
         return cls(byte_len, *rows.T.copy())
 
+    @functools.cached_property
+    def packed(self) -> npt.NDArray[np.uint16]:
+        """Per token ID its flags as bits (bit i: `_FLAGS[i]`), what `_fastsplice` reads."""
+        bits = np.zeros(len(self.byte_len), dtype=np.uint16)
+        for i, name in enumerate(_FLAGS):
+            bits |= getattr(self, name).astype(np.uint16) << i
+        return bits
+
 
 def _splices(config: dict[str, Any]) -> bool:
     """Whether a tokenizer.json is a byte-level BPE tokenizer with GPT-4's pre-tokeniser and
@@ -197,7 +215,23 @@ def _describe(data: bytes, added: bool) -> tuple[bool, ...]:
 
 def _changed_chunks(t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]) -> list[list[tuple[int, int]]]:
     """For each text, the token spans [start, end) of the chunks that may differ from their
-    canonical text, merged where they touch; every other chunk is its own canonical text.
+    canonical text, merged where they touch; every other chunk is its own canonical text
+    (`_changed_chunks_reference`, in C where built)."""
+    if _fastsplice is None:  # pragma: no cover - only on an install built without a C compiler
+        return _changed_chunks_reference(t, ids)
+    flat = np.concatenate(ids).astype(np.uint32, copy=False) if ids else np.empty(0, np.uint32)
+    ends = np.cumsum([len(x) for x in ids], dtype=np.int64)
+    found = np.frombuffer(_fastsplice.changed_chunks(t.packed, flat, ends), dtype=np.int64)
+    out: list[list[tuple[int, int]]] = [[] for _ in ids]
+    for text, lo, hi in found.reshape(-1, 3).tolist():
+        out[text].append((lo, hi))
+    return out
+
+
+def _changed_chunks_reference(
+    t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]
+) -> list[list[tuple[int, int]]]:
+    """`_changed_chunks` in numpy: the definition the C scan must equal.
 
     All texts at once: their tokens laid end to end, with each text's first token a boundary.
     """

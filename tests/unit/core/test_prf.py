@@ -173,6 +173,37 @@ def test_first_occurrence_fast_equals_reference():
     assert first_occurrence(np.empty((0, 4), dtype=np.uint32)).shape == (0,)
 
 
+@pytest.mark.parametrize("portable", [False, True], ids=["sha-ni-if-present", "portable-c"])
+def test_scored_pivots_in_one_pass_equal_positions_then_pivots(portable):
+    """`KeyedSource.scored_pivots` (C, one pass) is `scored_positions` then `window_pivots`."""
+    from wmark import TokenizerRef, WatermarkSpec
+    from wmark.contexts import scored_positions
+
+    fast = prf_mod._fastprf
+    if fast is None:
+        pytest.fail("the C extension wmark._fastprf was not built")
+    rng = np.random.default_rng(3)
+    fast.use_portable(portable)
+    try:
+        for h in (1, 2, 4, 9):
+            ref = TokenizerRef(name="t", sha256="0" * 64, vocab_size=2**32)
+            source = KeyedSource(Secret(rng.bytes(32)), WatermarkSpec(tokenizer=ref, context_width=h))
+            for n in (0, 1, h, h + 1, 50, 700):
+                for alphabet in (3, 2**32):  # many repeated windows, and none
+                    ids = rng.integers(0, alphabet, size=n, dtype=np.uint64).astype(np.uint32)
+                    for start in (0, 3, h + 7, n + 2):
+                        sp = scored_positions(ids, h, start)
+                        want = window_pivots_reference(
+                            source._key, source._prefix, sp.windows, ids[sp.positions]
+                        )
+                        found = source.scored_pivots(ids, start)
+                        assert found is not None
+                        assert np.array_equal(found[0], sp.positions)
+                        assert np.array_equal(found[1], want)
+    finally:
+        fast.use_portable(False)
+
+
 def test_secret_never_shows_in_repr():
     raw = bytes(range(32))
     secret = Secret(raw)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
-from wmark.detector import Detector, TextTokenizer
+from wmark.detector import Detector, TextTokenizer, splice
 from wmark.detector.normalize import canonical_text
 from wmark.detector.readings import reading_texts
 from wmark.detector.splice import SpliceTables, canonical_readings
@@ -80,6 +80,33 @@ def test_spliced_readings_equal_tokenising_the_canonical_text(bpe: TextTokenizer
         assert reading[0] == canonical, repr(text)
         assert np.array_equal(reading[1], bpe.encode(canonical)), repr(text)
     assert 0.2 * len(texts) < changed < len(texts)  # both kinds are exercised
+
+
+def test_the_c_scan_finds_the_chunks_of_the_numpy_rule(bpe: TextTokenizer) -> None:
+    """`_changed_chunks` (C) equals `_changed_chunks_reference` (numpy), on real texts' tokens and
+    on random token sequences drawn mostly from the tokens the rules look at (spaces, breaks)."""
+    tables = bpe.splice_tables
+    assert tables is not None and splice._fastsplice is not None
+    rng = np.random.default_rng(5)
+    texts = [_text(rng) for _ in range(2000)]
+    batches = [bpe.encode_batch(texts)]
+    vocab = np.arange(len(tables.byte_len), dtype=np.uint32)
+    spacey = vocab[tables.blank | tables.ends_line | tables.starts_run | tables.opens_line | tables.closes_line]
+    for _ in range(20):
+        lengths = rng.integers(0, 40, size=100)
+        lengths[rng.random(100) < 0.1] = 0  # empty texts among the others
+        pools = [spacey if rng.random() < 0.7 else vocab for _ in range(int(lengths.sum()))]
+        flat = np.array([rng.choice(pool) for pool in pools], dtype=np.uint32)
+        batches.append(np.split(flat, np.cumsum(lengths)[:-1]))
+    found = 0
+    for ids in batches:
+        want = splice._changed_chunks_reference(tables, ids)
+        assert splice._changed_chunks(tables, ids) == want
+        assert [splice._changed_chunks(tables, [x])[0] for x in ids[:300]] == want[:300]  # one at a time
+        found += sum(map(len, want))
+    assert found > 1000  # the rules fire
+    with pytest.raises(IndexError, match="outside the splice tables"):
+        splice._changed_chunks(tables, [np.array([len(vocab)], dtype=np.uint32)])
 
 
 def test_the_detector_reads_the_same_token_ids_as_full_tokenisation(bpe: TextTokenizer) -> None:
