@@ -64,6 +64,19 @@ def bpe() -> TextTokenizer:
     return TextTokenizer(tok.to_str().encode("utf-8"), "tiny-bpe")
 
 
+def test_encode_gives_the_tokenizers_own_ids(bpe: TextTokenizer) -> None:
+    """`TextTokenizer.encode` (the batch call without offsets, on one text) and `encode_batch`
+    are `Tokenizer.encode(text).ids`, as uint32, special tokens in the text included."""
+    raw = Tokenizer.from_str(bpe._json.decode("utf-8"))
+    rng = np.random.default_rng(9)
+    texts = [_text(rng) for _ in range(300)] + ["", " ", "<|endoftext|>x"]
+    for text, batch in zip(texts, bpe.encode_batch(texts), strict=True):
+        want = raw.encode(text, add_special_tokens=False).ids
+        one = bpe.encode(text)
+        assert one.dtype == batch.dtype == np.uint32
+        assert one.tolist() == batch.tolist() == want
+
+
 def test_spliced_readings_equal_tokenising_the_canonical_text(bpe: TextTokenizer) -> None:
     tables = bpe.splice_tables
     assert tables is not None
@@ -91,7 +104,9 @@ def test_the_c_scan_finds_the_chunks_of_the_numpy_rule(bpe: TextTokenizer) -> No
     texts = [_text(rng) for _ in range(2000)]
     batches = [bpe.encode_batch(texts)]
     vocab = np.arange(len(tables.byte_len), dtype=np.uint32)
-    spacey = vocab[tables.blank | tables.ends_line | tables.starts_run | tables.opens_line | tables.closes_line]
+    spacey = vocab[
+        tables.blank | tables.ends_line | tables.starts_run | tables.opens_line | tables.closes_line
+    ]
     for _ in range(20):
         lengths = rng.integers(0, 40, size=100)
         lengths[rng.random(100) < 0.1] = 0  # empty texts among the others
