@@ -104,11 +104,72 @@ static void compress_shani(uint32_t state[8], const uint8_t block[64]) {
     _mm_storeu_si128((__m128i *)&state[0], st0);
     _mm_storeu_si128((__m128i *)&state[4], st1);
 }
+
+/* compress_shani on two independent blocks at once: sha256rnds2 waits on its previous result
+ * for several cycles, so two interleaved streams run in about the time of one. */
+__attribute__((target("sha,sse4.1,ssse3")))
+static void compress_shani_x2(uint32_t sa[8], const uint8_t *ba, uint32_t sb[8], const uint8_t *bb) {
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    __m128i ta = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&sa[0]), 0xB1);
+    __m128i tb = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&sb[0]), 0xB1);
+    __m128i a1 = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&sa[4]), 0x1B);
+    __m128i b1 = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&sb[4]), 0x1B);
+    __m128i a0 = _mm_alignr_epi8(ta, a1, 8), b0 = _mm_alignr_epi8(tb, b1, 8);
+    a1 = _mm_blend_epi16(a1, ta, 0xF0);
+    b1 = _mm_blend_epi16(b1, tb, 0xF0);
+    const __m128i a0_save = a0, a1_save = a1, b0_save = b0, b1_save = b1;
+    __m128i wa[4], wb[4];
+    for (int i = 0; i < 16; i++) {
+        __m128i ca, cb;
+        if (i < 4) {
+            ca = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(ba + 16 * i)), bswap);
+            cb = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(bb + 16 * i)), bswap);
+        } else {
+            __m128i xa = _mm_sha256msg1_epu32(wa[i & 3], wa[(i - 3) & 3]);
+            __m128i xb = _mm_sha256msg1_epu32(wb[i & 3], wb[(i - 3) & 3]);
+            xa = _mm_add_epi32(xa, _mm_alignr_epi8(wa[(i - 1) & 3], wa[(i - 2) & 3], 4));
+            xb = _mm_add_epi32(xb, _mm_alignr_epi8(wb[(i - 1) & 3], wb[(i - 2) & 3], 4));
+            ca = _mm_sha256msg2_epu32(xa, wa[(i - 1) & 3]);
+            cb = _mm_sha256msg2_epu32(xb, wb[(i - 1) & 3]);
+        }
+        wa[i & 3] = ca;
+        wb[i & 3] = cb;
+        const __m128i k = _mm_loadu_si128((const __m128i *)&K256[4 * i]);
+        __m128i ma = _mm_add_epi32(ca, k), mb = _mm_add_epi32(cb, k);
+        a1 = _mm_sha256rnds2_epu32(a1, a0, ma);
+        b1 = _mm_sha256rnds2_epu32(b1, b0, mb);
+        ma = _mm_shuffle_epi32(ma, 0x0E);
+        mb = _mm_shuffle_epi32(mb, 0x0E);
+        a0 = _mm_sha256rnds2_epu32(a0, a1, ma);
+        b0 = _mm_sha256rnds2_epu32(b0, b1, mb);
+    }
+    a0 = _mm_add_epi32(a0, a0_save);
+    a1 = _mm_add_epi32(a1, a1_save);
+    b0 = _mm_add_epi32(b0, b0_save);
+    b1 = _mm_add_epi32(b1, b1_save);
+    ta = _mm_shuffle_epi32(a0, 0x1B);
+    tb = _mm_shuffle_epi32(b0, 0x1B);
+    a1 = _mm_shuffle_epi32(a1, 0xB1);
+    b1 = _mm_shuffle_epi32(b1, 0xB1);
+    _mm_storeu_si128((__m128i *)&sa[0], _mm_blend_epi16(ta, a1, 0xF0));
+    _mm_storeu_si128((__m128i *)&sa[4], _mm_alignr_epi8(a1, ta, 8));
+    _mm_storeu_si128((__m128i *)&sb[0], _mm_blend_epi16(tb, b1, 0xF0));
+    _mm_storeu_si128((__m128i *)&sb[4], _mm_alignr_epi8(b1, tb, 8));
+}
 #endif
 
 typedef void (*compress_fn)(uint32_t *, const uint8_t *);
 static compress_fn compress = compress_portable;
 static int using_shani = 0;
+
+/* Two blocks into two states: interleaved on SHA-NI (compress_shani_x2), else one after the other. */
+static void compress_pair_serial(uint32_t sa[8], const uint8_t *ba, uint32_t sb[8], const uint8_t *bb) {
+    compress(sa, ba);
+    compress(sb, bb);
+}
+
+typedef void (*compress2_fn)(uint32_t *, const uint8_t *, uint32_t *, const uint8_t *);
+static compress2_fn compress2 = compress_pair_serial;
 
 /* HMAC-SHA256 with precomputed midstates; msg_len is the length of the message (not the key block). */
 static void hmac_from_midstates(const uint32_t istate[8], const uint32_t ostate[8], const uint8_t *msg,
@@ -188,11 +249,16 @@ static inline uint32_t load_le32(const uint8_t *p) {
 
 /* U(token, arrival) from a 32-byte context seed: the top 52 bits x of the 64-bit Philox output,
  * u = (x + 1/2) * 2^-52, exact in float64 and never 0 or 1. */
-static inline double seed_uniform(const uint8_t seed[32], uint32_t token, uint32_t arrival) {
-    uint32_t ctr[4] = {token, arrival, load_le32(seed + 8), load_le32(seed + 12)};
-    philox4x32_10(ctr, load_le32(seed), load_le32(seed + 4));
+static inline double seed_uniform_words(const uint32_t w[4], uint32_t token, uint32_t arrival) {
+    uint32_t ctr[4] = {token, arrival, w[2], w[3]};
+    philox4x32_10(ctr, w[0], w[1]);
     uint64_t x = ((uint64_t)ctr[1] << 20) | ((uint64_t)ctr[0] >> 12);
     return ((double)x + 0.5) * (1.0 / 4503599627370496.0);
+}
+
+static inline double seed_uniform(const uint8_t seed[32], uint32_t token, uint32_t arrival) {
+    const uint32_t w[4] = {load_le32(seed), load_le32(seed + 4), load_le32(seed + 8), load_le32(seed + 12)};
+    return seed_uniform_words(w, token, arrival);
 }
 
 typedef struct {
@@ -403,7 +469,7 @@ static inline uint64_t mix64(uint64_t x) {
     return x;
 }
 
-/* Open addressing over row indices: the table of first_occurrence and scored_pivots. */
+/* Open addressing over row indices: the table of first_occurrence and scored_pivots_core. */
 static size_t row_table_capacity(Py_ssize_t n) {
     size_t cap = 16;
     while (cap < (size_t)(2 * n + 1)) cap <<= 1;
@@ -457,6 +523,234 @@ static PyObject *first_occurrence(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* The seeds of many windows, HMAC-SHA256(key, prefix || be32(window)), two at a time where the
+ * message fits one SHA-256 block (compress2: interleaved on SHA-NI); each kept as the four
+ * little-endian words of its first 16 bytes, all that seed_uniform reads. */
+typedef struct {
+    uint32_t istate[8], ostate[8];
+    uint8_t inner[2][64], outer[2][64]; /* padded blocks, one per lane: only the window changes */
+    size_t prefix_len, msg_len;
+    Py_ssize_t width;
+    uint8_t *msg; /* prefix || window, for a message longer than one block */
+} seed_plan;
+
+static int seed_plan_open(seed_plan *p, const Py_buffer *key, const Py_buffer *prefix, Py_ssize_t width) {
+    memset(p, 0, sizeof *p);
+    p->prefix_len = (size_t)prefix->len;
+    p->width = width;
+    p->msg_len = p->prefix_len + 4 * (size_t)width;
+    p->msg = (uint8_t *)malloc(p->msg_len);
+    if (!p->msg) return -1;
+    memcpy(p->msg, prefix->buf, p->prefix_len);
+    key_midstates((const uint8_t *)key->buf, (size_t)key->len, p->istate, p->ostate);
+    uint64_t inner_bits = (uint64_t)(64 + p->msg_len) * 8, outer_bits = (uint64_t)(64 + 32) * 8;
+    for (int lane = 0; lane < 2; lane++) {
+        if (p->msg_len <= 55) {
+            memcpy(p->inner[lane], prefix->buf, p->prefix_len);
+            p->inner[lane][p->msg_len] = 0x80;
+            for (int i = 0; i < 8; i++) p->inner[lane][63 - i] = (uint8_t)(inner_bits >> (8 * i));
+        }
+        p->outer[lane][32] = 0x80;
+        for (int i = 0; i < 8; i++) p->outer[lane][63 - i] = (uint8_t)(outer_bits >> (8 * i));
+    }
+    return 0;
+}
+
+static inline uint32_t bswap32(uint32_t x) {
+    return (x >> 24) | ((x >> 8) & 0xFF00u) | ((x << 8) & 0xFF0000u) | (x << 24);
+}
+
+/* seeds[i] = the seed words of the window at rows[i] (p->width uint32 IDs). */
+static void plan_seeds(seed_plan *p, const uint32_t *const *rows, Py_ssize_t n, uint32_t (*seeds)[4]) {
+    Py_ssize_t i = 0;
+    if (p->msg_len > 55) {
+        uint8_t digest[32];
+        for (; i < n; i++) {
+            for (Py_ssize_t k = 0; k < p->width; k++) store_be32(p->msg + p->prefix_len + 4 * k, rows[i][k]);
+            hmac_from_midstates(p->istate, p->ostate, p->msg, p->msg_len, digest);
+            for (int k = 0; k < 4; k++) seeds[i][k] = load_le32(digest + 4 * k);
+        }
+        return;
+    }
+    for (; i < n; i += 2) {
+        int lanes = i + 1 < n ? 2 : 1;
+        uint32_t st[2][8];
+        for (int lane = 0; lane < lanes; lane++) {
+            const uint32_t *row = rows[i + lane];
+            for (Py_ssize_t k = 0; k < p->width; k++) store_be32(p->inner[lane] + p->prefix_len + 4 * k, row[k]);
+            memcpy(st[lane], p->istate, sizeof st[lane]);
+        }
+        if (lanes == 2) compress2(st[0], p->inner[0], st[1], p->inner[1]);
+        else compress(st[0], p->inner[0]);
+        for (int lane = 0; lane < lanes; lane++) {
+            for (int k = 0; k < 8; k++) store_be32(p->outer[lane] + 4 * k, st[lane][k]);
+            memcpy(st[lane], p->ostate, sizeof st[lane]);
+        }
+        if (lanes == 2) compress2(st[0], p->outer[0], st[1], p->outer[1]);
+        else compress(st[0], p->outer[0]);
+        /* the digest's bytes are the state's words big-endian; seed_uniform reads them little-endian */
+        for (int lane = 0; lane < lanes; lane++)
+            for (int k = 0; k < 4; k++) seeds[i + lane][k] = bswap32(st[lane][k]);
+    }
+}
+
+/* The scored positions of k token sequences (the readings of one text) under window labels of
+ * p->width IDs with dedup v1, each sequence on its own, and their pivots U(token, 1).  A window
+ * seen in an earlier sequence keeps its seed: one HMAC per distinct window of all of them.
+ * Writes counts[r] positions and pivots to pos[r], piv[r] (room for n - first each); returns
+ * -1 when out of memory.  Runs without the GIL. */
+static int scored_pivots_core(seed_plan *p, const uint32_t *const *ids, const Py_ssize_t *lens, Py_ssize_t k,
+                              Py_ssize_t start, int64_t *const *pos, double *const *piv, Py_ssize_t *counts) {
+    Py_ssize_t width = p->width, first = width > start ? width : start, total = 0;
+    for (Py_ssize_t r = 0; r < k; r++) total += lens[r] > first ? lens[r] - first : 0;
+    size_t cap = row_table_capacity(total);
+    int64_t *table = (int64_t *)malloc(cap * sizeof(int64_t));
+    const uint32_t **rows = (const uint32_t **)malloc((size_t)(total ? total : 1) * sizeof *rows);
+    Py_ssize_t *last = (Py_ssize_t *)malloc((size_t)(total ? total : 1) * sizeof *last);
+    Py_ssize_t *entry_of = (Py_ssize_t *)malloc((size_t)(total ? total : 1) * sizeof *entry_of);
+    uint32_t(*seeds)[4] = (uint32_t(*)[4])malloc((size_t)(total ? total : 1) * sizeof *seeds);
+    int status = -1;
+    if (!table || !rows || !last || !entry_of || !seeds) goto done;
+    for (size_t s = 0; s < cap; s++) table[s] = -1;
+    Py_ssize_t entries = 0, scored = 0;
+    for (Py_ssize_t r = 0; r < k; r++) {
+        counts[r] = 0;
+        for (Py_ssize_t t = first; t < lens[r]; t++) {
+            const uint32_t *row = ids[r] + t - width;
+            uint64_t hsh = 0x9E3779B97F4A7C15ULL;
+            for (Py_ssize_t w = 0; w < width; w++) hsh = mix64(hsh ^ row[w]);
+            size_t slot = (size_t)hsh & (cap - 1);
+            int64_t e;
+            while ((e = table[slot]) >= 0 && memcmp(rows[e], row, 4 * (size_t)width) != 0) slot = (slot + 1) & (cap - 1);
+            if (e < 0) {
+                e = entries++;
+                table[slot] = e;
+                rows[e] = row;
+            } else if (last[e] == r) {
+                continue; /* a repeat within this sequence: masked */
+            }
+            last[e] = r;
+            pos[r][counts[r]++] = t;
+            entry_of[scored++] = e;
+        }
+    }
+    plan_seeds(p, rows, entries, seeds);
+    scored = 0;
+    for (Py_ssize_t r = 0; r < k; r++)
+        for (Py_ssize_t i = 0; i < counts[r]; i++) {
+            const uint32_t *w = seeds[entry_of[scored++]];
+            piv[r][i] = seed_uniform_words(w, ids[r][pos[r][i]], 1);
+        }
+    status = 0;
+done:
+    free(table);
+    free(rows);
+    free(last);
+    free(entry_of);
+    free(seeds);
+    return status;
+}
+
+/* scored_pivots (one sequence, `many` 0) and scored_pivots_many (a sequence of them). */
+static PyObject *scored_pivots_impl(PyObject *args, int many) {
+    Py_buffer key, prefix;
+    PyObject *seq_arg;
+    Py_ssize_t width, start;
+    if (!PyArg_ParseTuple(args, "y*y*Onn", &key, &prefix, &seq_arg, &width, &start)) return NULL;
+    PyObject *seq = NULL, *result = NULL;
+    Py_buffer *views = NULL;
+    PyObject **outs = NULL;
+    const uint32_t **ids = NULL;
+    Py_ssize_t *lens = NULL, *counts = NULL, k = 0, opened = 0;
+    int64_t **pos = NULL;
+    double **piv = NULL;
+    seed_plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (key.len > 64 || width <= 0 || start < 0) {
+        PyErr_SetString(PyExc_ValueError, "key of at most 64 bytes, width >= 1 and start >= 0 expected");
+        goto done;
+    }
+    seq = many ? PySequence_Fast(seq_arg, "ids must be a sequence of uint32 buffers") : PyTuple_Pack(1, seq_arg);
+    if (!seq) goto done;
+    k = PySequence_Fast_GET_SIZE(seq);
+    views = (Py_buffer *)calloc((size_t)(k ? k : 1), sizeof *views);
+    outs = (PyObject **)calloc((size_t)(2 * k + 1), sizeof *outs);
+    ids = (const uint32_t **)calloc((size_t)(k ? k : 1), sizeof *ids);
+    lens = (Py_ssize_t *)calloc((size_t)(k ? k : 1), sizeof *lens);
+    counts = (Py_ssize_t *)calloc((size_t)(k ? k : 1), sizeof *counts);
+    pos = (int64_t **)calloc((size_t)(k ? k : 1), sizeof *pos);
+    piv = (double **)calloc((size_t)(k ? k : 1), sizeof *piv);
+    if (!views || !outs || !ids || !lens || !counts || !pos || !piv || seed_plan_open(&plan, &key, &prefix, width) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t first = width > start ? width : start;
+    for (; opened < k; opened++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, opened), &views[opened], PyBUF_SIMPLE) < 0) goto done;
+        if (views[opened].len % 4 != 0) {
+            opened++;
+            PyErr_SetString(PyExc_ValueError, "ids must be native-endian uint32 buffers");
+            goto done;
+        }
+        Py_ssize_t n = views[opened].len / 4, m = n > first ? n - first : 0;
+        ids[opened] = (const uint32_t *)views[opened].buf;
+        lens[opened] = n;
+        outs[2 * opened] = PyBytes_FromStringAndSize(NULL, m * 8);
+        outs[2 * opened + 1] = PyBytes_FromStringAndSize(NULL, m * 8);
+        if (!outs[2 * opened] || !outs[2 * opened + 1]) {
+            opened++;
+            goto done;
+        }
+        pos[opened] = (int64_t *)PyBytes_AS_STRING(outs[2 * opened]);
+        piv[opened] = (double *)PyBytes_AS_STRING(outs[2 * opened + 1]);
+    }
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = scored_pivots_core(&plan, ids, lens, k, start, pos, piv, counts);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *pairs = PyList_New(k);
+    if (!pairs) goto done;
+    for (Py_ssize_t r = 0; r < k; r++) {
+        PyObject *pair = NULL;
+        if (_PyBytes_Resize(&outs[2 * r], counts[r] * 8) == 0 && _PyBytes_Resize(&outs[2 * r + 1], counts[r] * 8) == 0)
+            pair = PyTuple_Pack(2, outs[2 * r], outs[2 * r + 1]);
+        if (!pair) {
+            Py_DECREF(pairs);
+            goto done;
+        }
+        PyList_SET_ITEM(pairs, r, pair);
+    }
+    if (many) {
+        result = pairs;
+    } else {
+        result = PyList_GET_ITEM(pairs, 0);
+        Py_INCREF(result);
+        Py_DECREF(pairs);
+    }
+done:
+    for (Py_ssize_t r = 0; r < opened; r++) {
+        if (views[r].obj) PyBuffer_Release(&views[r]);
+    }
+    if (outs)
+        for (Py_ssize_t i = 0; i < 2 * k; i++) Py_XDECREF(outs[i]);
+    free(views);
+    free(outs);
+    free(ids);
+    free(lens);
+    free(counts);
+    free(pos);
+    free(piv);
+    free(plan.msg);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
 PyDoc_STRVAR(scored_pivots_doc,
              "scored_pivots(key, prefix, ids, width, start) -> (bytes, bytes)\n\n"
              "The scored positions of a native-endian uint32 token sequence under window labels of\n"
@@ -467,58 +761,17 @@ PyDoc_STRVAR(scored_pivots_doc,
 
 static PyObject *scored_pivots(PyObject *self, PyObject *args) {
     (void)self;
-    seed_job job;
-    Py_ssize_t start;
-    memset(&job, 0, sizeof job);
-    if (!PyArg_ParseTuple(args, "y*y*y*nn", &job.key, &job.prefix, &job.rows, &job.width, &start)) {
-        seed_job_close(&job, NULL);
-        return NULL;
-    }
-    if (job.key.len > 64 || job.width <= 0 || job.rows.len % 4 != 0 || start < 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "key of at most 64 bytes, uint32 ids, width >= 1 and start >= 0 expected");
-        seed_job_close(&job, NULL);
-        return NULL;
-    }
-    Py_ssize_t n = job.rows.len / 4, first = job.width > start ? job.width : start;
-    Py_ssize_t m = n > first ? n - first : 0;
-    job.stride = 1;
-    job.msg_len = (size_t)job.prefix.len + 4 * (size_t)job.width;
-    job.msg = (uint8_t *)malloc(job.msg_len);
-    size_t cap = row_table_capacity(m);
-    int64_t *table = (int64_t *)malloc(cap * sizeof(int64_t));
-    PyObject *positions = PyBytes_FromStringAndSize(NULL, m * 8);
-    PyObject *pivots_out = PyBytes_FromStringAndSize(NULL, m * 8);
-    PyObject *result = NULL;
-    if (!job.msg || !table) PyErr_NoMemory();
-    if (job.msg && table && positions && pivots_out) {
-        memcpy(job.msg, job.prefix.buf, job.prefix.len);
-        key_midstates((const uint8_t *)job.key.buf, (size_t)job.key.len, job.istate, job.ostate);
-        int64_t *pos = (int64_t *)PyBytes_AS_STRING(positions);
-        double *piv = (double *)PyBytes_AS_STRING(pivots_out);
-        const uint32_t *ids = (const uint32_t *)job.rows.buf;
-        Py_ssize_t count = 0;
-        Py_BEGIN_ALLOW_THREADS
-        uint8_t seed[32];
-        for (size_t s = 0; s < cap; s++) table[s] = -1;
-        for (Py_ssize_t t = first; t < n; t++) {
-            /* the window of t is ids[t - width : t]: row t - width of the sequence read with stride 1 */
-            if (!row_is_new(table, cap, ids, 1, ids + t - job.width, job.width, t - job.width)) continue;
-            seed_for_row(&job, t - job.width, seed);
-            pos[count] = t;
-            piv[count] = seed_uniform(seed, ids[t], 1);
-            count++;
-        }
-        Py_END_ALLOW_THREADS
-        if (_PyBytes_Resize(&positions, count * 8) == 0 && _PyBytes_Resize(&pivots_out, count * 8) == 0) {
-            result = PyTuple_Pack(2, positions, pivots_out);
-        }
-    }
-    free(table);
-    Py_XDECREF(positions);
-    Py_XDECREF(pivots_out);
-    seed_job_close(&job, NULL);
-    return result;
+    return scored_pivots_impl(args, 0);
+}
+
+PyDoc_STRVAR(scored_pivots_many_doc,
+             "scored_pivots_many(key, prefix, ids, width, start) -> list[(bytes, bytes)]\n\n"
+             "scored_pivots of each sequence of `ids` (a sequence of uint32 buffers: the readings of\n"
+             "one text), each on its own; a window that several of them hold is hashed once.");
+
+static PyObject *scored_pivots_many(PyObject *self, PyObject *args) {
+    (void)self;
+    return scored_pivots_impl(args, 1);
 }
 
 static PyObject *backend(PyObject *self, PyObject *args) {
@@ -533,11 +786,13 @@ static PyObject *use_portable(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
     if (flag) {
         compress = compress_portable;
+        compress2 = compress_pair_serial;
         using_shani = 0;
     } else {
 #ifdef WMARK_HAVE_SHANI_BUILD
         if (__builtin_cpu_supports("sha")) {
             compress = compress_shani;
+            compress2 = compress_shani_x2;
             using_shani = 1;
         }
 #endif
@@ -551,6 +806,7 @@ static PyMethodDef methods[] = {
     {"uniforms", uniforms, METH_VARARGS, uniforms_doc},
     {"first_occurrence", first_occurrence, METH_VARARGS, first_occurrence_doc},
     {"scored_pivots", scored_pivots, METH_VARARGS, scored_pivots_doc},
+    {"scored_pivots_many", scored_pivots_many, METH_VARARGS, scored_pivots_many_doc},
     {"vllm_uniforms", vllm_uniforms, METH_VARARGS, vllm_uniforms_doc},
     {"backend", backend, METH_NOARGS, "Which SHA-256 implementation is in use: 'sha-ni' or 'portable'."},
     {"use_portable", use_portable, METH_VARARGS, "use_portable(flag): force (True) or release (False) portable SHA-256."},
@@ -565,6 +821,7 @@ PyMODINIT_FUNC PyInit__fastprf(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sha")) {
         compress = compress_shani;
+        compress2 = compress_shani_x2;
         using_shani = 1;
     }
 #endif

@@ -198,6 +198,21 @@ class KeyedSource:
         )
         return np.frombuffer(positions, dtype=np.int64), np.frombuffer(pivots, dtype=np.float64)
 
+    def scored_pivots_many(
+        self, readings: Sequence[npt.NDArray[np.uint32]], start: int
+    ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] | None:
+        """`scored_pivots` of each of several token sequences (the readings of one text), each on
+        its own, in one C call that hashes a window shared by several of them once; None where
+        the C path is not built."""
+        if _fastprf is None:
+            return None
+        ids = [np.ascontiguousarray(x, dtype=np.uint32) for x in readings]
+        found = _fastprf.scored_pivots_many(self._key, self._prefix, ids, self.spec.context_width, start)
+        return [
+            (np.frombuffer(positions, dtype=np.int64), np.frombuffer(pivots, dtype=np.float64))
+            for positions, pivots in found
+        ]
+
     def prefix_pivots(self, token_ids: Sequence[int], start: int) -> npt.NDArray[np.float64]:
         """Prefix-mode pivots U(y_t, 1) for t = start..n-1, hashing the label incrementally."""
         ids = list(token_ids)

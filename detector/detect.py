@@ -157,11 +157,13 @@ class Detector:
         for key in self.keys:
             readings = encodings.readings(key)
             scorer = self.scorers[key.key_id]
-            tried = []
-            for index, encoding in enumerate(readings):
+            for encoding in readings:
                 check_vocabulary(encoding.ids, key)
-                kp = scorer.pivots(encoding.ids, start=start, threads=self.threads)
-                tried.append(KeyScore(key, kp, scorer.test(kp), encoding, index, len(readings)))
+            found = scorer.pivots_many([e.ids for e in readings], start=start, threads=self.threads)
+            tried = [
+                KeyScore(key, kp, scorer.test(kp), encoding, index, len(readings))
+                for index, (encoding, kp) in enumerate(zip(readings, found, strict=True))
+            ]
             best = min(tried, key=lambda s: s.test.log_p)  # the submitted text wins ties
             if best.n_readings > 1:  # Bonferroni over the readings
                 log_p = min(0.0, best.test.log_p + math.log(best.n_readings))

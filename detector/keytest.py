@@ -96,6 +96,19 @@ class KeyScorer:
         scored = self._source.score(token_ids, start)
         return KeyPivots(scored.positions, scored.pivots, scored.scores)
 
+    def pivots_many(
+        self, readings: Sequence[npt.NDArray[np.uint32]], *, start: int = 0, threads: int = 1
+    ) -> list[KeyPivots]:
+        """`pivots` of each of several token sequences (the readings of one text): in window
+        mode one pass in C over all of them, hashing a window that several share once."""
+        source = self._source
+        one_pass = threads <= 1 or all(len(ids) < _THREADED_TOKENS for ids in readings)
+        if len(readings) > 1 and isinstance(source, KeyedSource) and source.spec.context_mode == "window":
+            found = source.scored_pivots_many(readings, start) if one_pass else None
+            if found is not None:
+                return [KeyPivots(positions, pivots, aaronson_scores(pivots)) for positions, pivots in found]
+        return [self.pivots(ids, start=start, threads=threads) for ids in readings]
+
     def test(self, kp: KeyPivots) -> ScoreResult:
         """The exact test of all of `kp`'s scored positions."""
         n, score = len(kp.scores), float(kp.scores.sum())

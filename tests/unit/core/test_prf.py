@@ -204,6 +204,48 @@ def test_scored_pivots_in_one_pass_equal_positions_then_pivots(portable):
         fast.use_portable(False)
 
 
+@pytest.mark.parametrize("portable", [False, True], ids=["sha-ni-if-present", "portable-c"])
+def test_scored_pivots_of_several_readings_equal_each_alone(portable):
+    """`KeyedSource.scored_pivots_many` (one C call; a window shared by readings hashed once, two
+    HMACs at a time) is `scored_pivots` of each reading: near-copies, repeats and odd counts."""
+    from wmark import TokenizerRef, WatermarkSpec
+    from wmark.contexts import scored_positions
+
+    fast = prf_mod._fastprf
+    if fast is None:
+        pytest.fail("the C extension wmark._fastprf was not built")
+    rng = np.random.default_rng(4)
+    fast.use_portable(portable)
+    try:
+        for h in (1, 2, 4, 9, 11):  # 11: past one SHA-256 block
+            ref = TokenizerRef(name="t", sha256="0" * 64, vocab_size=2**32)
+            source = KeyedSource(Secret(rng.bytes(32)), WatermarkSpec(tokenizer=ref, context_width=h))
+            for trial in range(12):
+                alphabet = 4 if trial % 3 == 0 else 2**32
+                base = rng.integers(0, alphabet, size=int(rng.integers(0, 300)), dtype=np.uint64)
+                readings = [base.astype(np.uint32)]
+                for _ in range(trial % 4):  # near-copies: a few IDs changed, a few inserted
+                    x = readings[0].copy()
+                    if len(x):
+                        x[rng.integers(0, len(x), size=3)] = rng.integers(0, 5, size=3)
+                    cut = int(rng.integers(0, len(x) + 1))
+                    extra = rng.integers(0, 5, size=int(rng.integers(0, 6))).astype(np.uint32)
+                    readings.append(np.concatenate([x[:cut], extra, x[cut:]]))
+                for start in (0, 5, 400):
+                    found = source.scored_pivots_many(readings, start)
+                    assert found is not None and len(found) == len(readings)
+                    for ids, (positions, pivots) in zip(readings, found, strict=True):
+                        sp = scored_positions(ids, h, start)
+                        want = window_pivots_reference(
+                            source._key, source._prefix, sp.windows, ids[sp.positions]
+                        )
+                        assert np.array_equal(positions, sp.positions)
+                        assert np.array_equal(pivots, want)
+            assert source.scored_pivots_many([], 0) == []
+    finally:
+        fast.use_portable(False)
+
+
 def test_secret_never_shows_in_repr():
     raw = bytes(range(32))
     secret = Secret(raw)
