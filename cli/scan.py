@@ -27,8 +27,11 @@ from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, err_console, open_registry, print_json
 from wmark.cli.options import KeyIds
 from wmark.keys.audit import AuditEntry
+from wmark.keys.receipt_keys import default_issuer
+from wmark.receipts import ReceiptSigner
 from wmark.scan.limits import DEFAULT_MAX_DOC_BYTES, DEFAULT_MAX_RATIO, ReadLimits
 from wmark.scan.loop import ScanProgress
+from wmark.scan.receipts import ScanReceipts
 from wmark.scan.rows import ScanSummary
 from wmark.scan.scan import ScanJob, prepare_scan
 from wmark.scan.sources import SourceOptions
@@ -138,6 +141,15 @@ def scan(
         ),
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Documents per task sent to a worker.")] = 128,
+    receipts: Annotated[
+        bool,
+        typer.Option(
+            "--receipts",
+            help="Give every row with a verdict a signed receipt (a 'receipt' column), as "
+            "`wmark detect --receipt` does; check one offline with `wmark receipt verify`. "
+            "A scan started with receipts is resumed with them.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
     """Scan a store of documents for watermarks: one row per document, resumable.
@@ -156,6 +168,7 @@ def scan(
       wmark scan --sql postgresql+psycopg://app@db/forum --query "SELECT id, body FROM posts" \\
           --out posts.jsonl --dask tcp://scheduler:8786
       wmark scan reports/ --out results.jsonl --resume
+      wmark scan reports/ --out results.jsonl --receipts
     """
     options = SourceOptions(
         format=fmt,
@@ -167,6 +180,7 @@ def scan(
     with open_registry() as registry:
         keys = registry.detection_keys(key)
         tokenizers = {sha: registry.tokenizer_json(sha) for sha in {k.spec.tokenizer.sha256 for k in keys}}
+        signer = registry.receipt_keys.signer(default_issuer(), actor=cli_actor()) if receipts else None
     job = prepare_scan(
         urls=urls or [],
         sql=sql,
@@ -182,8 +196,17 @@ def scan(
         workers=workers,
         dask=dask,
         batch_docs=batch_size,
+        receipts=receipts,
     )  # every input error is raised here, before the progress bar shows
-    summary = _run(job, out)
+    signing = None
+    if signer is not None and job.summary is None:
+        try:
+            seq = _audit_start(job, out, [k.key_id for k in keys], alpha, window, signer)
+        except BaseException:
+            job.abandon()
+            raise
+        signing = ScanReceipts(signer, keys, alpha=alpha, min_window=window, audit_seq=seq)
+    summary = _run(job, out, signing)
     _audit(summary, [k.key_id for k in keys], alpha)
     if as_json:
         print_json(summary.to_dict())
@@ -191,7 +214,7 @@ def scan(
         _table(summary)
 
 
-def _run(job: ScanJob, out: Path) -> ScanSummary:
+def _run(job: ScanJob, out: Path, receipts: ScanReceipts | None) -> ScanSummary:
     """Run the scan under a progress bar (unless it is already complete); Ctrl-C or SIGTERM
     stops it cleanly, and `--resume` continues it (exit 130)."""
     progress = _progress()
@@ -210,7 +233,7 @@ def _run(job: ScanJob, out: Path) -> ScanSummary:
                 summary = job.summary
             else:
                 with progress:
-                    summary = job.run(on_progress)
+                    summary = job.run(on_progress, receipts)
     except KeyboardInterrupt:
         err_console.print(
             f"[yellow]interrupted:[/] finished documents are saved in {escape(str(out))}; "
@@ -219,6 +242,26 @@ def _run(job: ScanJob, out: Path) -> ScanSummary:
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
     return summary
+
+
+def _audit_start(
+    job: ScanJob, out: Path, key_ids: list[str], alpha: float, window: int, signer: ReceiptSigner
+) -> int:
+    """The audit row of a run of a scan with receipts, written before its first receipt (which
+    names it as `audit_seq`); the row at the end (`_audit`) certifies the results file."""
+    result = {
+        "output": str(out.expanduser().absolute()),
+        "alpha": alpha,
+        "min_window": window,
+        "receipts": True,
+        "receipt_kid": signer.kid,
+        "resumed": job.resumed,
+    }
+    with open_registry() as registry:
+        [row] = registry.audit.append(
+            AuditEntry(actor=cli_actor(), action="scan_start", key_ids=tuple(key_ids), result=result)
+        )
+    return row.seq
 
 
 def _audit(summary: ScanSummary, key_ids: list[str], alpha: float) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from wmark.errors import InputError
-from wmark.scan.rows import COLUMNS, ScanRow, ScanSummary, Tally
+from wmark.scan.rows import COLUMNS, RECEIPT_COLUMNS, ScanRow, ScanSummary, Tally
 
 try:  # POSIX; elsewhere two scans on one output are not prevented
     import fcntl
@@ -80,6 +80,7 @@ class Journal:
     Attributes:
         out: the output file.
         format: jsonl, csv or parquet.
+        columns: the rows' columns: `COLUMNS`, and "receipt" when the settings ask for receipts.
         done: identities (source, doc_id) of the documents already in the output.
         tally: counts over the committed rows.
         resumed: rows committed before this run.
@@ -91,6 +92,7 @@ class Journal:
         self.out = out
         self.format = output_format(out)
         self.settings = json.loads(json.dumps(dict(settings), sort_keys=True))
+        self.columns = RECEIPT_COLUMNS if self.settings.get("receipts") else COLUMNS
         self.manifest_path = out.with_name(out.name + ".manifest.json")
         self.data_path = out.with_name(out.name + ".spool.jsonl") if self.format == "parquet" else out
         self.lock_path = out.with_name(out.name + ".lock")
@@ -218,13 +220,14 @@ class Journal:
             text = io.StringIO(newline="")
             writer = csv.writer(text, lineterminator="\n")
             if self._committed_bytes == 0 and self._buffered_rows == 0 and self._buffer.tell() == 0:
-                writer.writerow(COLUMNS)
+                writer.writerow(self.columns)
             for row in rows:
-                writer.writerow(["" if v is None else v for v in row.to_dict().values()])
+                writer.writerow(["" if v is None else v for v in row.to_dict(self.columns).values()])
             self._buffer.write(text.getvalue().encode("utf-8"))
         else:
             for row in rows:
-                self._buffer.write(json.dumps(row.to_dict(), ensure_ascii=False).encode("utf-8") + b"\n")
+                line = json.dumps(row.to_dict(self.columns), ensure_ascii=False)
+                self._buffer.write(line.encode("utf-8") + b"\n")
         self._buffered_rows += len(rows)
         self.tally.add(row.to_dict() for row in rows)
 
@@ -270,7 +273,7 @@ class Journal:
         schema = pa.schema(
             [
                 (c, pa.int64() if c in _INT_COLUMNS else pa.float64() if c in _FLOAT_COLUMNS else pa.string())
-                for c in COLUMNS
+                for c in self.columns
             ]
         )
         tmp = self.out.with_name(self.out.name + ".tmp")

@@ -18,7 +18,8 @@ from typing import Any
 from wmark.scan.batches import BATCH_CHARS, BATCH_DOCS, Task, tasks
 from wmark.scan.journal import Journal
 from wmark.scan.limits import ReadLimits
-from wmark.scan.rows import ScanRow, ScanSummary
+from wmark.scan.receipts import ScanReceipts
+from wmark.scan.rows import RECEIPT_COLUMNS, ScanRow, ScanSummary
 from wmark.scan.sources import Document
 from wmark.scan.workers import Batch, Executor
 
@@ -96,6 +97,7 @@ class _Run:
     state: _State
     commit_rows: int
     commit_seconds: float
+    receipts: ScanReceipts | None = None  # signs each detected row as its task completes
     in_flight: dict[Any, _Part] = field(default_factory=dict)
     suspects: deque[_Part] = field(default_factory=deque)  # to run alone, one at a time, before anything new
     ready: dict[int, list[ScanRow]] = field(default_factory=dict)  # rows of finished tasks, by seq
@@ -170,6 +172,9 @@ class _Run:
             self._complete(part.task, [row for row in found if row is not None])
 
     def _complete(self, task: Task, rows: Sequence[ScanRow]) -> None:
+        if self.receipts is not None:
+            sign = self.receipts.sign
+            rows = [sign(row, text) for row, (_, _, text) in zip(rows, task.work, strict=True)]
         filled = list(task.rows)
         for slot, row in zip(task.slots, rows, strict=True):
             filled[slot] = row
@@ -215,6 +220,7 @@ def run_scan(
     skipped_files: int = 0,
     on_progress: Callable[[ScanProgress], None] | None = None,
     limits: ReadLimits | None = None,
+    receipts: ScanReceipts | None = None,
 ) -> ScanSummary:
     """Scan documents into the journal, skipping those it already holds.
 
@@ -232,13 +238,17 @@ def run_scan(
         skipped_files: files of unknown format (reported in the summary).
         on_progress: called as the scan advances (after each round of finished batches).
         limits: a text over `limits.max_doc_bytes` is an error row, never sent to a worker.
+        receipts: signs every row with a verdict; given exactly when the journal's settings
+            ask for receipts (its rows have the "receipt" column).
 
     Returns:
         The summary, also stored in the manifest.
     """
+    if (receipts is not None) != (journal.columns == RECEIPT_COLUMNS):
+        raise ValueError("receipts must be given exactly for a scan whose output has receipts")
     state = _State(started=time.monotonic())
     todo = tasks(documents, journal.done, state.skip, batch_docs, batch_chars, limits)
-    run = _Run(todo, journal, executor, state, commit_rows, commit_seconds)
+    run = _Run(todo, journal, executor, state, commit_rows, commit_seconds, receipts)
 
     def progress() -> None:
         if on_progress is not None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from wmark.detector.localize import Localization
 
-__all__ = ["COLUMNS", "ScanRow", "ScanSummary", "Tally"]
+__all__ = ["COLUMNS", "RECEIPT_COLUMNS", "ScanRow", "ScanSummary", "Tally"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +33,8 @@ class ScanRow:
         window_p_value: its p-value corrected for the number of windows; window_p_raw: alone.
         n_windows: windows tested under that key.
         error: why the document could not be scanned (verdict "error").
+        receipt: the signed receipt of the verdict (`wmark scan --receipts`; None for error
+            rows): a column only of scans with receipts (`RECEIPT_COLUMNS`).
     """
 
     source: str
@@ -53,6 +55,7 @@ class ScanRow:
     window_p_raw: float | None = None
     n_windows: int | None = None
     error: str | None = None
+    receipt: str | None = None
 
     @classmethod
     def detected(cls, source: str, doc_id: str, found: Localization) -> ScanRow:
@@ -83,12 +86,16 @@ class ScanRow:
         """The row of a document that could not be scanned."""
         return cls(source=source, doc_id=doc_id, verdict="error", error=message)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The row as a flat dict, columns in `COLUMNS` order."""
-        return {name: getattr(self, name) for name in COLUMNS}  # flat: no deep copy as in asdict
+    def to_dict(self, columns: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """The row as a flat dict, in the order of `columns` (default `COLUMNS`)."""
+        # flat: no deep copy as in asdict
+        return {name: getattr(self, name) for name in (COLUMNS if columns is None else columns)}
 
 
-COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScanRow))
+# The columns of every scan; a scan with receipts adds "receipt" (so an output written before
+# receipts existed keeps its columns when it is resumed).
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ScanRow) if f.name != "receipt")
+RECEIPT_COLUMNS: tuple[str, ...] = (*COLUMNS, "receipt")
 
 
 @dataclass

@@ -22,7 +22,8 @@ from wmark.scan.batches import BATCH_DOCS
 from wmark.scan.journal import Journal, output_format
 from wmark.scan.limits import ReadLimits
 from wmark.scan.loop import ScanProgress, run_scan
-from wmark.scan.rows import ScanSummary
+from wmark.scan.receipts import ScanReceipts
+from wmark.scan.rows import RECEIPT_COLUMNS, ScanSummary
 from wmark.scan.sources import FileSource, SourceOptions
 from wmark.scan.sql_source import SqlSource
 from wmark.scan.workers import (
@@ -57,6 +58,8 @@ class ScanJob:
     Attributes:
         complete: the output already holds a finished scan (`summary` says what it found).
         summary: the stored summary of a finished scan, else None.
+        receipts: its rows carry signed receipts (`run` must be given a `ScanReceipts`).
+        resumed: rows the output held before this run.
     """
 
     def __init__(
@@ -73,6 +76,8 @@ class ScanJob:
         self._executor = executor
         self._batch_docs = batch_docs
         self.complete = journal.complete
+        self.receipts = journal.columns == RECEIPT_COLUMNS
+        self.resumed = journal.resumed
         self.summary: ScanSummary | None = None
         if journal.complete and journal.summary:  # nothing left for this run to do
             stored = journal.summary
@@ -85,10 +90,21 @@ class ScanJob:
             }
             self.summary = ScanSummary(**{**stored, **idle, "resumed": stored["documents"]})
 
-    def run(self, on_progress: Callable[[ScanProgress], None] | None = None) -> ScanSummary:
-        """Scan what the output does not hold yet; returns (and stores) the summary."""
+    def run(
+        self,
+        on_progress: Callable[[ScanProgress], None] | None = None,
+        receipts: ScanReceipts | None = None,
+    ) -> ScanSummary:
+        """Scan what the output does not hold yet; returns (and stores) the summary.
+
+        Args:
+            on_progress: called as the scan advances.
+            receipts: signs the rows; required exactly when the scan was prepared with receipts.
+        """
         if self.summary is not None:
             return self.summary
+        if (receipts is not None) != self.receipts:
+            raise ValueError("a scan prepared with receipts=True runs with a ScanReceipts, and only it")
         assert self._executor is not None  # built for every scan that is not complete
         source = self._source
         return run_scan(
@@ -101,6 +117,7 @@ class ScanJob:
             skipped_files=len(source.skipped) if isinstance(source, FileSource) else 0,
             on_progress=on_progress,
             limits=self._limits,
+            receipts=receipts,
         )
 
     def close(self) -> None:
@@ -110,6 +127,17 @@ class ScanJob:
                 self._executor.close()
         finally:
             self._journal.close()
+            if isinstance(self._source, SqlSource):
+                self._source.close()
+
+    def abandon(self) -> None:
+        """Close without running; a new output with nothing in it is removed (as when
+        `prepare_scan` fails), so the same command can be run again."""
+        try:
+            if self._executor is not None:
+                self._executor.close()
+        finally:
+            self._journal.abandon()
             if isinstance(self._source, SqlSource):
                 self._source.close()
 
@@ -136,6 +164,7 @@ def prepare_scan(
     workers: int | None = None,
     dask: str | None = None,
     batch_docs: int = BATCH_DOCS,
+    receipts: bool = False,
 ) -> ScanJob:
     """Check everything and get a scan of fsspec URLs or a SQL query into `out` ready to run.
 
@@ -152,6 +181,8 @@ def prepare_scan(
         workers: local worker processes (0: in this process; None: one per CPU).
         dask: "local" for a LocalCluster of `workers` processes, or a scheduler address.
         batch_docs: documents per task.
+        receipts: the rows get a "receipt" column (signed by the `ScanReceipts` given to
+            `ScanJob.run`); pinned in the manifest, so a resume must ask for them too.
 
     Raises:
         InputError: bad sources, options, output, settings or cluster (nothing is scanned, and
@@ -170,6 +201,8 @@ def prepare_scan(
     )
     try:
         settings = _settings(source, urls, query, options, keys, alpha, min_window, fmt)
+        if receipts:  # only when set: a manifest written before the option resumes
+            settings["receipts"] = True
         journal = Journal.open(out, settings=settings, resume=resume, overwrite=overwrite)
     except BaseException:
         if isinstance(source, SqlSource):
@@ -265,7 +298,13 @@ def _executor(config: WorkerConfig, n_workers: int, dask: str | None) -> Executo
     return PoolExecutor(config, n_workers)
 
 
-def scan(*, on_progress: Callable[[ScanProgress], None] | None = None, **kwargs: Any) -> ScanSummary:
-    """`prepare_scan(**kwargs)`, then run it to the end; see `prepare_scan` for the arguments."""
-    with prepare_scan(**kwargs) as job:
-        return job.run(on_progress)
+def scan(
+    *,
+    on_progress: Callable[[ScanProgress], None] | None = None,
+    receipts: ScanReceipts | None = None,
+    **kwargs: Any,
+) -> ScanSummary:
+    """`prepare_scan(**kwargs)`, then run it to the end; see `prepare_scan` for the arguments
+    (`receipts`: sign every row with a verdict)."""
+    with prepare_scan(receipts=receipts is not None, **kwargs) as job:
+        return job.run(on_progress, receipts)
