@@ -80,6 +80,41 @@ def test_compose_refuses_to_start_without_its_secrets(missing):
     assert done.returncode != 0 and missing in done.stderr
 
 
+def _substituted(value: str) -> str:
+    """`${VAR:-default}` as Compose fills it with VAR unset; `${VAR:?...}` from SECRETS."""
+
+    def one(match: re.Match[str]) -> str:
+        name, op, rest = match.group(1), match.group(2), match.group(3)
+        return rest if op == ":-" else SECRETS[name]
+
+    return re.sub(r"\$\{(\w+)(:[-?])([^}]*)\}", one, value)
+
+
+def test_the_api_environment_is_what_the_settings_read():
+    # Read with PyYAML alone (schemathesis brings it in the dev extra; no Compose needed): every
+    # WMARK_* variable the api service sets is one the service's settings read, and the Redis it
+    # names is the compose file's redis service.
+    import yaml
+
+    from wmark.api.settings import Settings
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    api = compose["services"]["api"]
+    env = {k: _substituted(str(v)) for k, v in api["environment"].items()}
+    assert {"WMARK_DATABASE_URL", "WMARK_MASTER_KEY", "WMARK_REDIS_URL"} <= set(env)
+    settings = Settings.from_env(env)
+    assert settings.redis_url == env["WMARK_REDIS_URL"] == "redis://redis:6379/0"
+    host, port = settings.redis_url.removeprefix("redis://").split("/")[0].split(":")
+    assert host in compose["services"] and "redis-server" in compose["services"][host]["command"]
+    assert port == "6379" and api["depends_on"][host]["condition"] == "service_healthy"
+    assert (settings.rate_per_second, settings.rate_burst) == (20.0, 40)
+    assert settings.registry.database_url == env["WMARK_DATABASE_URL"]
+    assert settings.registry.master_key == SECRETS["WMARK_MASTER_KEY"]
+    settings_source = (ROOT / "api" / "settings.py").read_text() + (ROOT / "keys" / "config.py").read_text()
+    read = set(re.findall(r'"(WMARK_[A-Z_]+)"', settings_source)) | {"WMARK_HOME"}  # paths.data_home
+    assert {k for k in env if k.startswith("WMARK_")} <= read
+
+
 def test_compose_file_holds_no_secret():
     text = (ROOT / "docker-compose.yml").read_text()
     assert re.findall(r"WMARK_MASTER_KEY: (\S+)", text) == ["${WMARK_MASTER_KEY:?set"]
