@@ -12,6 +12,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A token's flags (SpliceTables.packed): bit i is splice._FLAGS[i]. */
 enum {
@@ -97,6 +98,86 @@ static int text_chunks(const uint16_t *f, Py_ssize_t n, int64_t text, spans *out
     return 0;
 }
 
+/* The changed chunks of the texts whose token IDs lie end to end in `ids` (text t ending at
+ * end[t]), as triples in `out`; with `byte_len` (bytes per token ID, may be NULL), also each
+ * text's byte length in totals[t] and the byte offsets of each span (relative to its text's
+ * start) in `bytes_out` as pairs.  Returns 0, -1 out of memory, -2 for bad `end`, -3 for an ID
+ * outside the tables (its index in *bad). */
+static int scan_texts(const uint16_t *flags, Py_ssize_t size, const int64_t *byte_len, const uint32_t *tok,
+                      Py_ssize_t n, const int64_t *end, Py_ssize_t texts, spans *out, int64_t *totals,
+                      int64_t **bytes_out, Py_ssize_t *bad) {
+    uint16_t *f = (uint16_t *)malloc((size_t)(n ? n : 1) * sizeof(uint16_t));
+    int64_t *cum = byte_len ? (int64_t *)malloc((size_t)(n + 1) * sizeof(int64_t)) : NULL;
+    int status = 0;
+    if (!f || (byte_len && !cum)) {
+        status = -1;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((Py_ssize_t)tok[i] >= size) {
+            *bad = i;
+            status = -3;
+            goto done;
+        }
+        f[i] = flags[tok[i]];
+    }
+    if (cum) {
+        cum[0] = 0;
+        for (Py_ssize_t i = 0; i < n; i++) cum[i + 1] = cum[i] + byte_len[tok[i]];
+    }
+    for (Py_ssize_t t = 0, start = 0; t < texts; t++) {
+        if (end[t] < start || end[t] > n) {
+            status = -2;
+            goto done;
+        }
+        if (text_chunks(f + start, end[t] - start, t, out) < 0) {
+            status = -1;
+            goto done;
+        }
+        if (cum) totals[t] = cum[end[t]] - cum[start];
+        start = end[t];
+    }
+    if (cum) {
+        Py_ssize_t spans_found = out->len / 3, first = 0;
+        int64_t *pairs = (int64_t *)malloc((size_t)(2 * spans_found + 1) * sizeof(int64_t));
+        if (!pairs) {
+            status = -1;
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < spans_found; i++) {
+            int64_t text = out->data[3 * i];
+            first = text ? end[text - 1] : 0;
+            pairs[2 * i] = cum[first + out->data[3 * i + 1]] - cum[first];
+            pairs[2 * i + 1] = cum[first + out->data[3 * i + 2]] - cum[first];
+        }
+        *bytes_out = pairs;
+    }
+done:
+    free(f);
+    free(cum);
+    return status;
+}
+
+static int check_buffers(Py_buffer *table, Py_buffer *ids, Py_buffer *ends) {
+    Py_ssize_t n = ids->len / 4, texts = ends->len / 8;
+    const int64_t *end = (const int64_t *)ends->buf;
+    if (ids->len % 4 || table->len % 2 || ends->len % 8 || (texts && end[texts - 1] != n)) {
+        PyErr_SetString(PyExc_ValueError, "uint16 flags, uint32 ids and int64 ends with ends[-1] == len(ids)");
+        return -1;
+    }
+    return 0;
+}
+
+static void raise_scan_error(int status, const uint32_t *tok, Py_ssize_t bad, Py_ssize_t size) {
+    if (status == -2) {
+        PyErr_SetString(PyExc_ValueError, "ends must ascend from 0 to len(ids)");
+    } else if (status == -3) {
+        PyErr_Format(PyExc_IndexError, "token ID %u outside the splice tables (%zd)", tok[bad], size);
+    } else {
+        PyErr_NoMemory();
+    }
+}
+
 PyDoc_STRVAR(changed_chunks_doc,
              "changed_chunks(flags, ids, ends) -> bytes\n\n"
              "The chunks normalisation may change of texts whose token IDs (native-endian uint32) lie\n"
@@ -110,47 +191,19 @@ static PyObject *changed_chunks(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*y*", &table, &ids, &ends)) return NULL;
     PyObject *result = NULL;
     spans out = {NULL, 0, 0};
-    uint16_t *f = NULL;
-    Py_ssize_t n = ids.len / 4, size = table.len / 2, texts = ends.len / 8;
-    const int64_t *end = (const int64_t *)ends.buf;
-    if (ids.len % 4 || table.len % 2 || ends.len % 8 || (texts && end[texts - 1] != n)) {
-        PyErr_SetString(PyExc_ValueError, "uint16 flags, uint32 ids and int64 ends with ends[-1] == len(ids)");
-        goto done;
-    }
-    f = (uint16_t *)malloc((size_t)(n ? n : 1) * sizeof(uint16_t));
-    if (!f) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const uint32_t *tok = (const uint32_t *)ids.buf;
-    const uint16_t *flags = (const uint16_t *)table.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if ((Py_ssize_t)tok[i] >= size) {
-            PyErr_Format(PyExc_IndexError, "token ID %u outside the splice tables (%zd)", tok[i], size);
-            goto done;
+    if (check_buffers(&table, &ids, &ends) == 0) {
+        Py_ssize_t bad = 0, size = table.len / 2;
+        int status;
+        Py_BEGIN_ALLOW_THREADS
+        status = scan_texts((const uint16_t *)table.buf, size, NULL, (const uint32_t *)ids.buf, ids.len / 4,
+                            (const int64_t *)ends.buf, ends.len / 8, &out, NULL, NULL, &bad);
+        Py_END_ALLOW_THREADS
+        if (status == 0) {
+            result = PyBytes_FromStringAndSize((const char *)out.data, out.len * (Py_ssize_t)sizeof(int64_t));
+        } else {
+            raise_scan_error(status, (const uint32_t *)ids.buf, bad, size);
         }
-        f[i] = flags[tok[i]];
     }
-    int failed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t t = 0, start = 0; t < texts && !failed; t++) {
-        if (end[t] < start || end[t] > n) {
-            failed = 2;
-            break;
-        }
-        failed = text_chunks(f + start, end[t] - start, t, &out) < 0;
-        start = end[t];
-    }
-    Py_END_ALLOW_THREADS
-    if (failed == 2) {
-        PyErr_SetString(PyExc_ValueError, "ends must ascend from 0 to len(ids)");
-    } else if (failed) {
-        PyErr_NoMemory();
-    } else {
-        result = PyBytes_FromStringAndSize((const char *)out.data, out.len * (Py_ssize_t)sizeof(int64_t));
-    }
-done:
-    free(f);
     free(out.data);
     PyBuffer_Release(&table);
     PyBuffer_Release(&ids);
@@ -158,8 +211,63 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(changed_spans_doc,
+             "changed_spans(flags, byte_len, ids, ends) -> (bytes, bytes)\n\n"
+             "changed_chunks with the bytes: int64 quintuples (text, lo, hi, byte_lo, byte_hi), the\n"
+             "token spans and their byte offsets in the text (the sum of `byte_len`, int64 per token\n"
+             "ID, over the tokens before), and each text's byte length (int64 per text).");
+
+static PyObject *changed_spans(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer table, lengths, ids, ends;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*", &table, &lengths, &ids, &ends)) return NULL;
+    PyObject *result = NULL, *found = NULL, *totals = NULL;
+    spans out = {NULL, 0, 0};
+    int64_t *pairs = NULL;
+    if (check_buffers(&table, &ids, &ends) == 0) {
+        Py_ssize_t bad = 0, size = table.len / 2, texts = ends.len / 8;
+        if (lengths.len != 8 * size) {
+            PyErr_SetString(PyExc_ValueError, "byte_len must hold one int64 per token ID of flags");
+            goto done;
+        }
+        totals = PyBytes_FromStringAndSize(NULL, 8 * texts);
+        if (!totals) goto done;
+        int64_t *total = (int64_t *)PyBytes_AS_STRING(totals);
+        int status;
+        Py_BEGIN_ALLOW_THREADS
+        status = scan_texts((const uint16_t *)table.buf, size, (const int64_t *)lengths.buf,
+                            (const uint32_t *)ids.buf, ids.len / 4, (const int64_t *)ends.buf, texts, &out,
+                            total, &pairs, &bad);
+        Py_END_ALLOW_THREADS
+        if (status != 0) {
+            raise_scan_error(status, (const uint32_t *)ids.buf, bad, size);
+            goto done;
+        }
+        Py_ssize_t count = out.len / 3;
+        found = PyBytes_FromStringAndSize(NULL, 5 * 8 * count);
+        if (!found) goto done;
+        int64_t *dst = (int64_t *)PyBytes_AS_STRING(found);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            memcpy(dst + 5 * i, out.data + 3 * i, 3 * sizeof(int64_t));
+            memcpy(dst + 5 * i + 3, pairs + 2 * i, 2 * sizeof(int64_t));
+        }
+        result = PyTuple_Pack(2, found, totals);
+    }
+done:
+    Py_XDECREF(found);
+    Py_XDECREF(totals);
+    free(out.data);
+    free(pairs);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&ends);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"changed_chunks", changed_chunks, METH_VARARGS, changed_chunks_doc},
+    {"changed_spans", changed_spans, METH_VARARGS, changed_spans_doc},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wmark.detector._fastsplice",

@@ -28,7 +28,9 @@ Which chunks may change is found by `wmark.detector._fastsplice` (C) where it is
 
 from __future__ import annotations
 
+import array
 import functools
+import itertools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -228,6 +230,41 @@ def _changed_chunks(t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]) -> l
     return out
 
 
+Span = tuple[int, int, int, int]  # a changed chunk: token span [lo, hi), byte span [lo, hi)
+
+
+def _changed_spans(
+    t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]
+) -> tuple[list[list[Span]], list[int]]:
+    """`_changed_chunks` with each span's byte offsets in its text (the byte lengths of the
+    tokens before it summed), and each text's length in bytes by its tokens; in C where built."""
+    if _fastsplice is None:  # pragma: no cover - only on an install built without a C compiler
+        return _changed_spans_reference(t, ids)
+    if not ids:
+        return [], []
+    flat = np.concatenate(ids) if len(ids) != 1 else ids[0]
+    flat = np.ascontiguousarray(flat, dtype=np.uint32)
+    ends = array.array("q", itertools.accumulate(map(len, ids)))
+    found, totals = _fastsplice.changed_spans(t.packed, t.byte_len, flat, ends)
+    out: list[list[Span]] = [[] for _ in ids]
+    values = array.array("q", found).tolist()
+    for i in range(0, len(values), 5):
+        out[values[i]].append((values[i + 1], values[i + 2], values[i + 3], values[i + 4]))
+    return out, array.array("q", totals).tolist()
+
+
+def _changed_spans_reference(
+    t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]
+) -> tuple[list[list[Span]], list[int]]:
+    """`_changed_spans` from `_changed_chunks_reference` and the tokens' byte lengths: its
+    definition."""
+    out: list[list[Span]] = []
+    for toks, spans in zip(ids, _changed_chunks_reference(t, ids), strict=True):
+        offsets = np.concatenate(([0], np.cumsum(t.byte_len[toks]))).tolist()
+        out.append([(lo, hi, offsets[lo], offsets[hi]) for lo, hi in spans])
+    return out, [int(t.byte_len[toks].sum()) for toks in ids]
+
+
 def _changed_chunks_reference(
     t: SpliceTables, ids: Sequence[npt.NDArray[np.uint32]]
 ) -> list[list[tuple[int, int]]]:
@@ -326,36 +363,37 @@ def canonical_readings(
             (they meet at line starts).
     """
     plans: list[tuple[int, list[str], list[tuple[int, int]], list[int]]] = []
-    for i, (text, toks, spans) in enumerate(zip(texts, ids, _changed_chunks(tables, ids), strict=True)):
+    found, totals = _changed_spans(tables, ids)
+    for i, (text, toks, spans, total) in enumerate(zip(texts, ids, found, totals, strict=True)):
         if not spans:
             continue
-        # character offsets of the token boundaries (bytes are characters in ASCII text)
+        # byte offsets of the token boundaries (bytes are characters in ASCII text)
         data: str | bytes = text if text.isascii() else text.encode("utf-8")
-        offsets = np.concatenate(([0], np.cumsum(tables.byte_len[toks]))).tolist()
-        if offsets[-1] != len(data):  # not the tokenizer the tables describe: no splicing
-            spans, offsets = [(0, len(toks))], [0] * len(toks) + [len(data)]
+        if total != len(data):  # not the tokenizer the tables describe: no splicing
+            spans = [(0, len(toks), 0, len(data))]
         pieces: list[str] = []  # alternately unchanged text and a changed chunk's canonical text
         changed: list[tuple[int, int]] = []
         sizes: list[int] = []  # byte length of each changed chunk's canonical text
         done = 0
-        for lo, hi in spans:
-            raw = _text(data, offsets[lo], offsets[hi])
+        for lo, hi, byte_lo, byte_hi in spans:
+            raw = _text(data, byte_lo, byte_hi)
             canon = canonical_text(raw)
             if canon != raw:
-                pieces.extend((_text(data, offsets[done], offsets[lo]), canon))
+                pieces.extend((_text(data, done, byte_lo), canon))
                 changed.append((lo, hi))
                 sizes.append(len(canon) if canon.isascii() else len(canon.encode("utf-8")))
-                done = hi
+                done = byte_hi
         if changed:
-            pieces.append(_text(data, offsets[done], len(data)))
+            pieces.append(_text(data, done, len(data)))
             plans.append((i, pieces, changed, sizes))
     encoded = encode_batch(["".join(p[1::2]) for _, p, _, _ in plans]) if plans else []
     out: list[tuple[str, npt.NDArray[np.uint32]] | None] = [None] * len(texts)
     for (i, pieces, changed, sizes), new in zip(plans, encoded, strict=True):
         canonical = "".join(pieces)
         ends = np.concatenate(([0], np.cumsum(tables.byte_len[new])))
-        cuts = np.searchsorted(ends, np.cumsum(sizes))
-        if cuts[-1] >= len(ends) or not np.array_equal(ends[cuts], np.cumsum(sizes)):
+        targets = np.cumsum(sizes)
+        cuts = np.searchsorted(ends, targets)
+        if cuts[-1] >= len(ends) or not np.array_equal(ends[cuts], targets):
             out[i] = (canonical, encode_batch([canonical])[0])  # pragma: no cover (tables agree)
             continue
         toks, done, start = ids[i], 0, 0

@@ -96,8 +96,9 @@ def test_spliced_readings_equal_tokenising_the_canonical_text(bpe: TextTokenizer
 
 
 def test_the_c_scan_finds_the_chunks_of_the_numpy_rule(bpe: TextTokenizer) -> None:
-    """`_changed_chunks` (C) equals `_changed_chunks_reference` (numpy), on real texts' tokens and
-    on random token sequences drawn mostly from the tokens the rules look at (spaces, breaks)."""
+    """`_changed_chunks` and `_changed_spans` (C) equal `_changed_chunks_reference` (numpy) and
+    `_changed_spans_reference`, on real texts' tokens and on random token sequences drawn mostly
+    from the tokens the rules look at (spaces, breaks)."""
     tables = bpe.splice_tables
     assert tables is not None and splice._fastsplice is not None
     rng = np.random.default_rng(5)
@@ -118,10 +119,17 @@ def test_the_c_scan_finds_the_chunks_of_the_numpy_rule(bpe: TextTokenizer) -> No
         want = splice._changed_chunks_reference(tables, ids)
         assert splice._changed_chunks(tables, ids) == want
         assert [splice._changed_chunks(tables, [x])[0] for x in ids[:300]] == want[:300]  # one at a time
+        want_spans = splice._changed_spans_reference(tables, ids)
+        assert [[s[:2] for s in spans] for spans in want_spans[0]] == want
+        assert splice._changed_spans(tables, ids) == want_spans
+        for i, x in enumerate(ids[:300]):
+            assert splice._changed_spans(tables, [x]) == ([want_spans[0][i]], [want_spans[1][i]])
         found += sum(map(len, want))
     assert found > 1000  # the rules fire
-    with pytest.raises(IndexError, match="outside the splice tables"):
-        splice._changed_chunks(tables, [np.array([len(vocab)], dtype=np.uint32)])
+    assert splice._changed_spans(tables, []) == ([], [])
+    for scan in (splice._changed_chunks, splice._changed_spans):
+        with pytest.raises(IndexError, match="outside the splice tables"):
+            scan(tables, [np.array([len(vocab)], dtype=np.uint32)])
 
 
 def test_the_detector_reads_the_same_token_ids_as_full_tokenisation(bpe: TextTokenizer) -> None:
