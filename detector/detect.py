@@ -16,7 +16,6 @@ reading in `wmark.detector.encoding` and tested per key in `wmark.detector.keyte
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -32,6 +31,7 @@ from wmark.detector.result import Detection, KeyResult, TokenEvidence
 from wmark.detector.tokenize import TextTokenizer
 from wmark.errors import InputError, TokenizerError
 from wmark.keymaterial import KeyMaterial
+from wmark.scoring import ScoreResult
 
 __all__ = ["Detector", "TokenizerLookup", "detect"]
 
@@ -167,7 +167,8 @@ class Detector:
             best = min(tried, key=lambda s: s.test.log_p)  # the submitted text wins ties
             if best.n_readings > 1:  # Bonferroni over the readings
                 log_p = min(0.0, best.test.log_p + math.log(best.n_readings))
-                best = dataclasses.replace(best, test=dataclasses.replace(best.test, log_p=log_p))
+                test = ScoreResult(best.test.score, log_p, best.test.n)
+                best = KeyScore(key, best.pivots, test, best.encoding, best.reading, best.n_readings)
             out.append(best)
         return out
 

@@ -100,7 +100,10 @@ def reading_ids(
 def distinct(encodings: Sequence[Encoding]) -> tuple[Encoding, ...]:
     """The encodings whose token IDs differ from every earlier one (the first always kept)."""
     out: list[Encoding] = []
+    seen: set[bytes] = set()
     for enc in encodings:
-        if all(not np.array_equal(enc.ids, seen.ids) for seen in out):
+        ids = np.ascontiguousarray(enc.ids, dtype=np.uint32).tobytes()  # equal bytes, equal IDs
+        if ids not in seen:
+            seen.add(ids)
             out.append(enc)
     return tuple(out)
