@@ -8,6 +8,7 @@ Detection responses carry the same fields as `wmark detect --json` (`Detection.t
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import MISSING
 from typing import Annotated, Any, Literal, get_type_hints
@@ -18,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    WithJsonSchema,
     create_model,
     field_validator,
     model_validator,
@@ -254,6 +256,50 @@ def _vllm_default(name: str) -> Any:
     return VllmWatermarkConfig.__dataclass_fields__[name].default
 
 
+def _at_most(bound: int) -> str:
+    """A regular expression of the decimal numerals 0..`bound`, without leading zeros."""
+    digits = str(bound)
+    shorter = f"[1-9][0-9]{{0,{len(digits) - 2}}}" if len(digits) > 1 else ""
+    same = []  # numerals of len(digits) digits: a prefix of the bound, one digit less, then any
+    for i, d in enumerate(digits):
+        low = "1" if i == 0 else "0"
+        if int(d) > int(low):
+            rest = len(digits) - i - 1
+            below = low if int(d) - 1 == int(low) else f"[{low}-{int(d) - 1}]"
+            same.append(f"{digits[:i]}{below}" + (f"[0-9]{{{rest}}}" if rest else ""))
+    same.append(digits)
+    return "^(0|" + "|".join(filter(None, [shorter, *same])) + ")$"
+
+
+_JSON_SAFE = 2**53 - 1  # integers above it lose digits in JavaScript, jq and any JSON tool on doubles
+_VLLM_KEY_MAX = 2**64 - 1
+_VLLM_KEY_DIGITS = _at_most(_VLLM_KEY_MAX)
+_VLLM_KEY_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0, "maximum": _JSON_SAFE},
+        {"type": "string", "pattern": _VLLM_KEY_DIGITS},
+    ],
+    "writeOnly": True,
+}
+
+
+def _vllm_key(value: object) -> object:
+    """A vLLM key: a JSON integer up to 2^53 - 1 (4.0 counts), or a string of decimal digits up to
+    2^64 - 1. Larger JSON numbers are refused, not taken: a tool on doubles may have rounded them
+    to another key."""
+    value = _integral(value)
+    if isinstance(value, str):
+        if re.fullmatch(_VLLM_KEY_DIGITS, value) is None:
+            raise ValueError("a key given as a string must be its decimal digits, 0..2^64 - 1")
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= _JSON_SAFE:
+        raise ValueError(
+            "a key given as a JSON number must be in 0..2^53 - 1; give a larger one as a string "
+            'of its decimal digits ("key": "18446744073709551615")'
+        )
+    return value
+
+
 class VllmConfigIn(_Strict):
     """vLLM's `--watermark-config` (its `WatermarkConfig`), as the deployment runs with it.
 
@@ -261,9 +307,10 @@ class VllmConfigIn(_Strict):
     checked as vLLM checks them, so a config vLLM refuses is refused here too.
     """
 
-    key: Annotated[int, Field(ge=0, le=2**64 - 1), _Integral] = Field(
-        description="The secret watermark key: write-only, sealed under the master key, never returned.",
-        json_schema_extra={"writeOnly": True},
+    key: Annotated[int, BeforeValidator(_vllm_key), WithJsonSchema(_VLLM_KEY_SCHEMA)] = Field(
+        description="The secret watermark key, 0..2^64 - 1: a JSON integer up to 2^53 - 1, or its "
+        "decimal digits as a string (any key; JSON tools round larger numbers). Write-only, sealed "
+        "under the master key, never returned.",
     )
     algorithm: Literal["gumbel", "dual_key_gumbel"] = _vllm_default("algorithm")
     alpha: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = Field(

@@ -120,7 +120,7 @@ def test_a_window_key_scores_the_answers_first_tokens_with_the_prompt_and_vllm_k
         json={
             "name": "prod",
             "tokenizer_sha256": api.tokenizer_sha256,
-            "watermark_config": {"key": VLLM_KEY},
+            "watermark_config": {"key": str(VLLM_KEY)},  # above 2^53 - 1: as a string
         },
     ).json()
     a = api.call(
@@ -165,7 +165,7 @@ def test_the_schemas_oneof_admits_exactly_what_the_model_admits():
 
 
 def test_an_admin_registers_a_vllm_key_audited_and_the_secret_never_comes_back(api, planted):
-    config = {"key": VLLM_KEY, "algorithm": "dual_key_gumbel", "alpha": 0.3}
+    config = {"key": str(VLLM_KEY), "algorithm": "dual_key_gumbel", "alpha": 0.3}
     body = {"name": "prod-vllm", "tokenizer_sha256": api.tokenizer_sha256, "watermark_config": config}
     for role in ("detector", "auditor", "generator"):
         assert api.call("POST", "/v1/vllm-keys", role=role, json=body).status_code == 403
@@ -198,6 +198,15 @@ def test_an_admin_registers_a_vllm_key_audited_and_the_secret_never_comes_back(a
         ({"key": 1, "prf": "hmac"}, 422),
         ({"key": 1, "unknown": 1}, 422),
         ({"key": 1.0, "alpha": 1}, 201),  # integral JSON numbers, as everywhere in the API
+        ({"key": 2**53 - 1}, 201),
+        ({"key": 2**53}, 422),  # a JSON number this large may have been rounded on its way: refused
+        ({"key": VLLM_KEY}, 422),
+        ({"key": "18446744073709551615"}, 201),  # any key, as its decimal digits
+        ({"key": "18446744073709551616"}, 422),
+        ({"key": "01"}, 422),
+        ({"key": "0x10"}, 422),
+        ({"key": ""}, 422),
+        ({"key": " 1"}, 422),
     ],
 )
 def test_a_vllm_config_is_checked_and_a_bad_one_is_not_echoed(api, config, status):
@@ -205,6 +214,23 @@ def test_a_vllm_config_is_checked_and_a_bad_one_is_not_echoed(api, config, statu
     resp = api.call("POST", "/v1/vllm-keys", json=body)
     assert resp.status_code == status, resp.text
     assert str(VLLM_KEY) not in resp.text and "18446744073709551616" not in resp.text
+
+
+def test_the_schema_of_a_vllm_key_admits_exactly_what_the_model_admits():
+    """Schemathesis (and clients) read the key's anyOf: JSON integers up to 2^53 - 1, whose bound
+    a double holds exactly, or decimal strings up to 2^64 - 1."""
+    from wmark.api.schemas import VllmConfigIn
+
+    schema = jsonschema_rs.validator_for(VllmConfigIn.model_json_schema())
+    values = [0, 1, 2**53 - 1, 2**53, 2**64 - 1, 2**64, -1, 4.0, 4.5, True, None, "0", "7", "00", "-1"]
+    values += [str(2**64 - 1), str(2**64), str(2**64 - 1) + "0", "18446744073709551999", "1e3", "٣"]
+    for key in values:
+        try:
+            VllmConfigIn.model_validate({"key": key})
+            admitted = True
+        except ValidationError:
+            admitted = False
+        assert schema.is_valid({"key": key}) == admitted, key
 
 
 def test_a_vllm_key_needs_a_stored_tokenizer(api):

@@ -354,7 +354,8 @@ def test_the_openapi_contract_holds_under_schemathesis_checks_all(word_tokenizer
     st = Path(sys.executable).with_name("st")
     with serve(tmp_path / "server.log", workers=1, env=_env()) as server:
         run = subprocess.run(
-            [str(st), "run", f"{server.url}/openapi.json", "--checks", "all", "--seed", "1"]
+            [str(st), "--config-file", str(Path(__file__).with_name("schemathesis.toml"))]
+            + ["run", f"{server.url}/openapi.json", "--checks", "all", "--seed", "1"]
             + ["--max-examples", str(ST_EXAMPLES), "-H", f"Authorization: Bearer {admin}"]
             + ["--report-dir", str(tmp_path / "st"), "--no-color"],
             capture_output=True,
