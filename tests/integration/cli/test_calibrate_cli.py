@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import update
 from typer.testing import CliRunner
 
+from wmark.api import Settings, create_app
 from wmark.cli.main import app
 from wmark.keys import KeyRegistry, RegistryConfig
 from wmark.keys.models import Key
@@ -45,7 +47,7 @@ def _words(rng: np.random.Generator, n: int) -> list[str]:
 def test_calibrate_on_the_bundled_human_corpus_is_kept_with_each_key(tmp_path):
     """The bar of the feature, on 120 of the human documents the suite calibrates on (2,000 in
     BENCHMARKS.md): a rate inside its binomial interval, the KS p-value, the smallest p, a QQ
-    table per key, and the result in `wmark keys show`."""
+    table per key, and the result in `wmark keys show` and `GET /v1/keys/{id}`."""
     first, second = _create_key(), _create_key()
     result = _invoke("calibrate", "--system-corpus", "120", "--json", "--qq", str(tmp_path / "qq.csv"))
     assert result.exit_code == 0, result.output
@@ -75,7 +77,20 @@ def test_calibrate_on_the_bundled_human_corpus_is_kept_with_each_key(tmp_path):
     assert len({r["corpus_sha256"] for r in reports.values()}) == 1  # one corpus
     with KeyRegistry.open(RegistryConfig.from_env()) as registry:
         audited = registry.audit.page(action="key_calibrate")
+        admin = registry.tokens.create("admin", "t", actor="test").token
     assert sorted(a.key_ids[0] for a in audited) == sorted(reports)
+    # and the service shows the same calibration: GET /v1/keys/{id}
+    with TestClient(create_app(Settings.from_env())) as client:
+        for key_id, report in reports.items():
+            resp = client.get(f"/v1/keys/{key_id}", headers={"Authorization": f"Bearer {admin}"})
+            assert resp.status_code == 200, resp.text
+            shown = resp.json()["calibration"]
+            assert shown["report"] == report and shown["corpus_sha256"] == report["corpus_sha256"]
+            assert (shown["n_scored"], shown["n_flagged"], shown["stale"]) == (
+                report["fpr"]["scored"],
+                report["fpr"]["flagged"],
+                False,
+            )
 
 
 def test_a_corpus_that_makes_the_detector_misbehave_is_reported_not_hidden(tmp_path, tokenizer_file):
