@@ -163,12 +163,18 @@ def _batch(data: bytes, tok: TextTokenizer, docs: int, rounds: int) -> None:
             hmac.new(secret, msg, hashlib.sha256).digest()
 
     def python_prf_detection() -> None:
+        # the C paths that compute positions and pivots in one pass step aside (they return None
+        # as on an install without the C extension): positions from `scored_positions`, pivots here
         fast = prf_mod.window_pivots
+        one_pass = prf_mod.KeyedSource.scored_pivots, prf_mod.KeyedSource.scored_pivots_many
         prf_mod.window_pivots = _python_window_pivots  # type: ignore[assignment]
+        prf_mod.KeyedSource.scored_pivots = lambda *_: None  # type: ignore[method-assign,assignment]
+        prf_mod.KeyedSource.scored_pivots_many = lambda *_: None  # type: ignore[method-assign,assignment]
         try:
             one.detect_many(texts)
         finally:
             prf_mod.window_pivots = fast
+            prf_mod.KeyedSource.scored_pivots, prf_mod.KeyedSource.scored_pivots_many = one_pass
 
     rows: Rows = {
         "tokenisation only (encode_batch)": (lambda: one.tokenizer(tok.sha256).encode_batch(texts), n_tokens),
