@@ -154,8 +154,17 @@ def prepare(
             AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name).save_pretrained(staging)
         if weights == "int8":
             from wmark.generator.models import gguf_int8
+            from wmark.generator.models.smoothing import calibration_ids
 
-            gguf_int8.convert(gguf, staging, (lambda d, t: progress("int8", d, t)) if progress else None)
+            if progress:
+                progress("calibrate", 0, 1)
+            tokenizer = AutoTokenizer.from_pretrained(str(staging if not has_tokenizer else out))
+            gguf_int8.convert(
+                gguf,
+                staging,
+                (lambda d, t: progress("int8", d, t)) if progress else None,
+                calibration=calibration_ids(tokenizer),
+            )
         elif weights == "float32":
             _dequantise(gguf, staging, progress)
         for item in staging.iterdir():  # move into place file by file: readers never see half a file
@@ -179,10 +188,13 @@ def _dequantise(gguf: Path, staging: Path, progress: Callable[[str, int, int], N
 
 
 def _has_weights(path: Path, weights: Weights) -> bool:
-    if weights == "int8":
-        from wmark.generator.models.gguf_int8 import has_int8
+    if weights == "int8":  # converted, smoothed and packed as this version does (else converted again)
+        from wmark.generator.models import int8_store
+        from wmark.generator.models.gguf_int8 import INT8_FILE, has_int8, smoothing_version
+        from wmark.generator.models.smoothing import VERSION
 
-        return has_int8(path)
+        fresh = not int8_store.is_stale(path / INT8_FILE)  # packed by an older wmark: built again
+        return has_int8(path) and smoothing_version(path) == VERSION and fresh
     if weights == "float32":
         return (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
     return True

@@ -94,4 +94,3 @@ class ForwardPlan:
         stock = prefill or not self.rows_exact
         with gemm_threads_for(self.gemm_threads), stock_attention() if stock else contextlib.nullcontext():
             yield
-

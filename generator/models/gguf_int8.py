@@ -19,7 +19,7 @@ Only Qwen2-style GGUF files (no tensor reordering in the conversion) are accepte
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,25 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Pre
 from wmark.errors import BackendError
 from wmark.generator.cpu.rowwise import RowInt8Linear
 from wmark.generator.models import int8_store
+from wmark.generator.models.smoothing import VERSION, Smoothing
 
-__all__ = ["DENSE_FILE", "INT8_FILE", "GGUFEmbedding", "convert", "has_int8", "load"]
+__all__ = [
+    "DENSE_FILE",
+    "INT8_FILE",
+    "SMOOTHING_KEY",
+    "GGUFEmbedding",
+    "convert",
+    "has_int8",
+    "load",
+    "skeleton",
+    "smoothing_version",
+]
 
 INT8_FILE = "int8.safetensors"
 DENSE_FILE = "dense.safetensors"
 _CONVERTIBLE = frozenset({"qwen2"})  # model types whose GGUF tensors map to HF ones unchanged
+SMOOTHING_KEY = "wmark-smoothing"
+"""`dense.safetensors` metadata: the `smoothing.VERSION` the conversion applied, or "none"."""
 
 
 def has_int8(path: Path) -> bool:
@@ -46,7 +59,7 @@ def has_int8(path: Path) -> bool:
     return all((path / name).is_file() for name in ("config.json", INT8_FILE, DENSE_FILE))
 
 
-def _skeleton(config: object, *, meta: bool) -> PreTrainedModel:
+def skeleton(config: object, *, meta: bool) -> PreTrainedModel:
     """The model with uninitialised weights: on the meta device, or as untouched CPU memory."""
     from transformers.initialization import no_init_weights
 
@@ -61,31 +74,51 @@ def _linear_names(model: nn.Module) -> set[str]:
     return {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
 
 
-def _quantize_rows(data: np.ndarray, qtype: Any, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """`RowInt8Linear.quantize` of a GGUF weight, `chunk` rows at a time.
+def smoothing_version(path: Path) -> str | None:
+    """The smoothing a converted directory's weights carry (`SMOOTHING_KEY`), None if unknown."""
+    try:
+        with safe_open(str(path / DENSE_FILE), framework="pt") as f:
+            return (f.metadata() or {}).get(SMOOTHING_KEY)
+    except (OSError, ValueError, safetensors.SafetensorError):
+        return None
 
-    Both steps are row-local, so the result equals quantising the whole float32 matrix, while
+
+def _quantize_rows(
+    data: np.ndarray, qtype: Any, name: str, smoothing: Smoothing | None, chunk: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`RowInt8Linear.quantize` of linear layer `name`'s GGUF weight (smoothed first where
+    `smoothing` says), `chunk` rows at a time.
+
+    Every step is row-local, so the result equals treating the whole float32 matrix, while
     memory holds one chunk's float32 and float64 temporaries instead of the whole matrix's (the
     target's output layer alone is 0.9 GB in float32).
     """
     from gguf import dequantize
 
-    parts = [
-        RowInt8Linear.quantize(
-            torch.from_numpy(np.array(dequantize(data[i : i + chunk], qtype), dtype=np.float32))
-        )
-        for i in range(0, len(data), chunk)
-    ]
+    def rows(i: int) -> torch.Tensor:
+        weight = torch.from_numpy(np.array(dequantize(data[i : i + chunk], qtype), dtype=np.float32))
+        return weight if smoothing is None else smoothing.weight(name, weight, first_row=i)
+
+    parts = [RowInt8Linear.quantize(rows(i)) for i in range(0, len(data), chunk)]
     return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
 
 
-def convert(gguf: Path, out: Path, progress: Callable[[int, int], None] | None = None) -> None:
+def convert(
+    gguf: Path,
+    out: Path,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    calibration: Sequence[Sequence[int]] | None = None,
+) -> None:
     """Write config, generation config, `int8.safetensors` and `dense.safetensors` into `out`.
 
     Args:
         gguf: the (verified) GGUF file.
         out: an existing directory (the caller moves its files into the cache).
         progress: called as progress(tensors done, tensors total).
+        calibration: token IDs of the calibration text (`smoothing.calibration_ids`): the
+            weights are smoothed for int8 activations (`wmark.generator.models.smoothing`),
+            measured without a float32 copy (`gguf_calibration`). None: not smoothed.
     """
     from gguf import GGUFReader, dequantize
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
@@ -93,37 +126,46 @@ def convert(gguf: Path, out: Path, progress: Callable[[int, int], None] | None =
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if config.model_type not in _CONVERTIBLE:
         raise BackendError(f"no direct int8 conversion for {config.model_type} GGUF files")
-    skeleton = _skeleton(config, meta=True)
-    gguf_to_hf = get_gguf_hf_weights_map(skeleton, TensorProcessor())
-    linears = _linear_names(skeleton)
-    embedding = next(n for n, p in skeleton.named_parameters() if p is skeleton.get_input_embeddings().weight)
+    shape = skeleton(config, meta=True)
+    gguf_to_hf = get_gguf_hf_weights_map(shape, TensorProcessor())
+    linears = _linear_names(shape)
+    embedding = next(n for n, p in shape.named_parameters() if p is shape.get_input_embeddings().weight)
     int8: dict[str, torch.Tensor] = {}
     dense: dict[str, torch.Tensor] = {}
     encodings: dict[str, str] = {}
     reader = GGUFReader(gguf)
-    for done, tensor in enumerate(reader.tensors, start=1):
+    by_name: dict[str, Any] = {}
+    for tensor in reader.tensors:
         name = gguf_to_hf.get(tensor.name)
         if name is None:
             raise BackendError(f"GGUF tensor {tensor.name} has no place in a {config.model_type} model")
+        by_name[name] = tensor
+    missing = {n for n, _ in shape.named_parameters()} - set(by_name)
+    if missing:
+        raise BackendError(f"the GGUF file lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
+    smoothing = None
+    if calibration is not None:
+        from wmark.generator.models.gguf_calibration import smoothing_of
+
+        smoothing = smoothing_of(by_name, config, calibration)
+    for done, (name, tensor) in enumerate(by_name.items(), start=1):
         module, _, kind = name.rpartition(".")
         if name == embedding:
             dense[name] = torch.from_numpy(np.array(tensor.data))  # a copy: the file is mapped read-only
             encodings[name] = tensor.tensor_type.name
         elif module in linears and kind == "weight":
-            int8[f"{module}.q"], int8[f"{module}.scale"] = _quantize_rows(tensor.data, tensor.tensor_type)
-        else:
-            dense[name] = torch.from_numpy(
-                np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            int8[f"{module}.q"], int8[f"{module}.scale"] = _quantize_rows(
+                tensor.data, tensor.tensor_type, module, smoothing
             )
+        else:
+            value = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+            dense[name] = value if smoothing is None else smoothing.tensor(name, value)
         if progress:
             progress(done, len(reader.tensors))
-    missing = {n for n, _ in skeleton.named_parameters()} - set(dense) - {f"{m}.weight" for m in linears}
-    missing |= {m for m in linears if f"{m}.q" not in int8}
-    if missing:
-        raise BackendError(f"the GGUF file lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
     safetensors.torch.save_file(int8, str(out / INT8_FILE))
+    encodings[SMOOTHING_KEY] = "none" if smoothing is None else VERSION
     safetensors.torch.save_file(dense, str(out / DENSE_FILE), metadata=encodings)
 
 
@@ -181,7 +223,7 @@ def load(path: Path) -> PreTrainedModel:
     layer from that file (and, the first time, rewrites it in the GEMM kernel's packed layout:
     `wmark.generator.models.int8_store`).
     """
-    model = _skeleton(AutoConfig.from_pretrained(str(path)), meta=False)
+    model = skeleton(AutoConfig.from_pretrained(str(path)), meta=False)
     if not int8_store.is_packed(path / INT8_FILE):  # (a packed cache is checked as it is read)
         with safe_open(str(path / INT8_FILE), framework="pt") as f:
             cached = set(f.keys())
@@ -194,7 +236,7 @@ def load(path: Path) -> PreTrainedModel:
         encodings = f.metadata() or {}
         for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
             tensors[name] = f.get_tensor(name)
-    if set(encodings) - {"format"} - {embedding} or embedding not in tensors:
+    if set(encodings) - {"format", SMOOTHING_KEY} - {embedding} or embedding not in tensors:
         raise BackendError(f"{path / DENSE_FILE} does not match the model: delete {path} to rebuild it")
     if embedding in encodings:  # kept encoded: rows are dequantised when looked up
         model.set_input_embeddings(GGUFEmbedding(tensors.pop(embedding), encodings[embedding], model.config))

@@ -14,6 +14,12 @@ the pages come from the OS page cache, shared by every process that loads the sa
 The file is written by `save` at the first int8 load (from the plain `.q`/`.scale` weights
 that the GGUF conversion or a quantised checkpoint gives) and replaces them: the cache holds the
 weights once. Its metadata names the format; a file of another format is not read as this one.
+
+Where the int8 weights were smoothed on that load (`wmark.generator.models.smoothing`, a float
+checkpoint's route), the float tensors the smoothing divided (norm weights, value biases) were
+changed too, and a later load starts again from the checkpoint's: the file keeps those divisors
+(`<parameter>.divisor`, float64), and `load` divides the model's tensors by them as the first load
+did. (A GGUF conversion's smoothed norms and biases are in its own dense file: no divisors.)
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import safetensors.torch
@@ -30,13 +36,29 @@ from safetensors import safe_open
 from torch import nn
 
 from wmark.errors import BackendError
+from wmark.generator.cpu.blocked import BlockedInt8Linear
 from wmark.generator.cpu.rowwise import RowInt8Linear
 from wmark.generator.models.fused import GROUPS, group_name, install_group, stacked_bias, stacked_layer
 
-__all__ = ["FORMAT", "is_packed", "load", "save"]
+__all__ = ["FORMAT", "is_packed", "is_stale", "load", "save"]
 
-FORMAT = "wmark-int8-packed/1"
+_DIVISOR = ".divisor"
+_BLOCKS = ".block_widths"  # a `BlockedInt8Linear`'s input widths; its blocks are `<name>.blocks.<i>`
+
+FORMAT = "wmark-int8-packed/2"
 """The `format` metadata of a packed cache (bump it when the kernel's layout changes)."""
+
+
+def is_stale(path: Path) -> bool:
+    """Whether `path` is a packed int8 cache of an older format (to be built again, not read)."""
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            found = (f.metadata() or {}).get("format")
+    except (OSError, ValueError, safetensors.SafetensorError):
+        return False
+    return found is not None and found.startswith("wmark-int8-packed/") and found != FORMAT
 
 
 def is_packed(path: Path) -> bool:
@@ -62,13 +84,20 @@ def _stored_layers(model: nn.Module) -> Iterator[tuple[str, RowInt8Linear]]:
                 yield group_name(parent, names), stacked
 
 
-def save(model: nn.Module, path: Path) -> None:
-    """Write `model`'s int8 layers (packed now if need be) to `path`, replacing what is there.
+def save(model: nn.Module, path: Path, *, divisors: Mapping[str, torch.Tensor] | None = None) -> None:
+    """Write `model`'s int8 layers (packed now if need be) to `path`, replacing what is there,
+    with the smoothing `divisors` of its float tensors (parameter name -> divisor), if any.
 
     The file appears whole or not at all (written aside, then renamed), so a load running at
     the same time reads either the old file or this one.
     """
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor] = {
+        f"{name}{_DIVISOR}": divisor.to(torch.float64).contiguous()
+        for name, divisor in (divisors or {}).items()
+    }
+    for name, module in model.named_modules():
+        if isinstance(module, BlockedInt8Linear):  # its blocks are stored as layers of their own
+            tensors[f"{name}{_BLOCKS}"] = torch.tensor(module.widths, dtype=torch.int64)
     for name, layer in _stored_layers(model):
         packed, colsum = layer.packed_weights()
         tensors[f"{name}.packed"], tensors[f"{name}.colsum"] = packed, colsum
@@ -94,7 +123,8 @@ def _map_in(tensors: Iterable[torch.Tensor]) -> None:
 
 def load(model: nn.Module, path: Path) -> None:
     """Replace every `nn.Linear` of `model` by its int8 layer from the packed cache at `path`,
-    fused groups included (the weights stay memory-mapped).
+    fused groups included (the weights stay memory-mapped), after dividing the float tensors
+    the smoothing divided (norm weights, biases) by the divisors stored with them.
 
     Raises:
         BackendError: the file lacks a layer of the model or does not fit its shape.
@@ -102,6 +132,13 @@ def load(model: nn.Module, path: Path) -> None:
     with safe_open(str(path), framework="pt") as f:
         stored = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - not a mapping
     _map_in(stored.values())
+    params = dict(model.named_parameters())
+    for key in [k for k in stored if k.endswith(_DIVISOR)]:
+        name = key.removesuffix(_DIVISOR)
+        if name not in params or params[name].shape != stored[key].shape:
+            raise BackendError(f"{path} does not fit the model at {name}: delete it to rebuild")
+        param = params[name]
+        param.data = (param.detach().to(torch.float64) / stored.pop(key)).to(torch.float32)
 
     def layer(name: str, members: list[nn.Linear]) -> RowInt8Linear:
         if f"{name}.packed" not in stored:
@@ -134,8 +171,20 @@ def load(model: nn.Module, path: Path) -> None:
                     [m.out_features for m in linears],
                     layer(group_name(parent, names), linears),
                 )
+
+    def blocked(name: str, linear: nn.Linear) -> BlockedInt8Linear:
+        widths = stored.pop(f"{name}{_BLOCKS}").tolist()
+        if sum(widths) != linear.in_features:
+            raise BackendError(f"{path} does not fit the model at {name}: delete it to rebuild")
+        blocks = []
+        for i, width in enumerate(widths):
+            part = nn.Linear(width, linear.out_features, bias=False, device="meta")
+            blocks.append(layer(f"{name}.blocks.{i}", [part]))
+        return BlockedInt8Linear(blocks, linear.bias)
+
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, layer(name, [module]))
+            found = blocked(name, module) if f"{name}{_BLOCKS}" in stored else layer(name, [module])
+            setattr(parent, child, found)

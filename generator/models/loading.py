@@ -24,11 +24,13 @@ from transformers.utils import logging as hf_logging
 
 from wmark.errors import BackendError, InputError
 from wmark.generator.cpu.threads import ThreadPlan, apply_threads, plan_threads
-from wmark.generator.models import gguf_int8
+from wmark.generator.models import gguf_int8, int8_store
 from wmark.generator.models.embedded import DRAFTER, TARGET, Weights, models_dir, prepare
 from wmark.generator.models.hf_session import HFModel
 from wmark.generator.models.prepare import PRECISIONS, prepare_model
 from wmark.generator.models.prompt_encoder import PromptEncoder
+from wmark.generator.models.smoothing import VERSION as SMOOTHING
+from wmark.generator.models.smoothing import calibration_ids
 
 __all__ = ["ModelPair", "load_pair", "resolve_source"]
 
@@ -72,9 +74,11 @@ def _load_model(source: Path | str, precision: str, device: str) -> PreTrainedMo
             model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
         except (OSError, ValueError) as exc:
             raise BackendError(f"cannot load a model from {source}: {exc}") from exc
-        model = prepare_model(
-            model, precision, device, int8_cache=_int8_cache(source) if precision == "int8" else None
-        )
+        cache = _int8_cache(source) if precision == "int8" else None
+        calibration = None
+        if precision == "int8" and (cache is None or not int8_store.is_packed(cache)):
+            calibration = calibration_ids(_load_tokenizer(source)[0])  # quantised now: smoothed first
+        model = prepare_model(model, precision, device, int8_cache=cache, calibration=calibration)
     _return_freed_memory()
     return model
 
@@ -96,6 +100,7 @@ def _int8_cache(source: Path | str) -> Path | None:
     if not path.is_dir():
         return None  # a hub id: nothing stable to key the cache by
     stamp = hashlib.sha256(str(path.resolve()).encode())
+    stamp.update(SMOOTHING.encode())  # int8 weights smoothed another way are another cache
     for weights in sorted(path.glob("*.safetensors")):
         stat = weights.stat()
         stamp.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())

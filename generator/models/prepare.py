@@ -7,6 +7,7 @@ Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.cpu.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -14,9 +15,11 @@ from transformers import AttentionInterface, PreTrainedModel
 
 from wmark.errors import BackendError
 from wmark.generator.cpu.attention import ATTENTION_NAME, rowwise_attention
+from wmark.generator.cpu.blocked import block_down_projections
 from wmark.generator.cpu.rowwise import convert_linears, pack_int8
 from wmark.generator.models import int8_store
 from wmark.generator.models.fused import fuse_projections, int8_layers
+from wmark.generator.models.smoothing import smooth_model
 
 __all__ = ["PRECISIONS", "prepare_model"]
 
@@ -24,7 +27,12 @@ PRECISIONS = ("auto", "int8", "exact-fp32", "fp32", "bf16", "fp16")
 
 
 def prepare_model(
-    model: PreTrainedModel, precision: str, device: str, *, int8_cache: Path | None = None
+    model: PreTrainedModel,
+    precision: str,
+    device: str,
+    *,
+    int8_cache: Path | None = None,
+    calibration: Sequence[Sequence[int]] | None = None,
 ) -> PreTrainedModel:
     """Cast/convert a loaded model for `precision` on `device` and put it in eval mode.
 
@@ -32,20 +40,33 @@ def prepare_model(
     (`wmark.generator.models.int8_store`) is memory-mapped as it is; otherwise the linear layers are
     converted (from the plain int8 weights that file may hold, else quantised), fused, packed,
     and the packed result replaces the file.
+
+    `calibration`: token IDs of the calibration text (`smoothing.calibration_ids`). Where int8
+    layers are quantised here from float weights, the model is smoothed first
+    (`wmark.generator.models.smoothing`), and the cache keeps what that changed in its float
+    weights. None: quantised as they are (plain int8 weights in `int8_cache` come smoothed, or
+    not, from their conversion).
     """
     if precision in ("int8", "exact-fp32"):
         if device != "cpu":
             raise BackendError(f"precision {precision} is CPU-only; use bf16, fp16 or fp32 on {device}")
         model = model.to(torch.float32)
+        divisors = None
         if precision == "int8" and int8_cache is not None and int8_store.is_packed(int8_cache):
             int8_store.load(model, int8_cache)
         else:
+            from_float = int8_cache is None or not int8_cache.is_file()
+            if precision == "int8" and calibration is not None and from_float:
+                smoothing = smooth_model(model, calibration)
+                divisors = None if smoothing is None else smoothing.dense
             convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
+            if precision == "int8":
+                block_down_projections(model)  # the down projection's input quantised in blocks
         if precision == "int8":
             fuse_projections(model)  # q/k/v and gate/up as one GEMM each: same numbers, less overhead
             pack_int8(int8_layers(model), workers=torch.get_num_threads())
             if int8_cache is not None and not int8_store.is_packed(int8_cache):
-                int8_store.save(model, int8_cache)
+                int8_store.save(model, int8_cache, divisors=divisors)
         AttentionInterface.register(ATTENTION_NAME, rowwise_attention)  # idempotent: a name -> function
         model.config._attn_implementation = ATTENTION_NAME
         for sub in model.modules():  # every layer reads the implementation from its config

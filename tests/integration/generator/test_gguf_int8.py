@@ -14,7 +14,7 @@ from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_m
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from wmark import BackendError
-from wmark.generator.models import gguf_int8, int8_store
+from wmark.generator.models import gguf_int8, int8_store, smoothing
 from wmark.generator.models.embedded import EmbeddedModel, prepare
 from wmark.generator.models.hf_session import HFModel
 from wmark.generator.models.loading import _load_model
@@ -152,7 +152,9 @@ def test_quantising_in_row_chunks_equals_quantising_the_whole_matrix(gguf_file):
     tensor = next(t for t in GGUFReader(gguf_file).tensors if t.name == "blk.0.ffn_down.weight")
     whole = RowInt8Linear.quantize(torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type))))
     for chunk in (7, 64, 10_000):  # uneven, exact, larger than the matrix
-        q, scale = gguf_int8._quantize_rows(tensor.data, tensor.tensor_type, chunk=chunk)
+        q, scale = gguf_int8._quantize_rows(
+            tensor.data, tensor.tensor_type, "blk.0.ffn_down", None, chunk=chunk
+        )
         assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
 
 
@@ -179,3 +181,23 @@ def test_the_embedding_stays_encoded_and_its_rows_are_the_dequantised_table(gguf
         rows = embedding(ids)
         assert rows.shape == (*ids.shape, embedding.embedding_dim)
         assert torch.equal(rows, table[ids]) and len(embedding._rows) <= 5 + ids.numel()
+
+
+def test_both_routes_smooth_alike(gguf_file, tmp_path):
+    """Smoothed, the direct conversion (calibration measured on dequantising layers, no float32
+    copy) and the float32 route (measured on the float model) still give the same int8 weights."""
+    calibration = [[5, 17, 42, 99, 3], [250, 7, 11, 12, 13, 14, 15]]
+    out = tmp_path / "lean"
+    out.mkdir()
+    gguf_int8.convert(gguf_file, out, calibration=calibration)
+    assert gguf_int8.smoothing_version(out) == smoothing.VERSION
+    lean = prepare_model(gguf_int8.load(out), "int8", "cpu", int8_cache=out / gguf_int8.INT8_FILE)
+    reference = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    float_route = prepare_model(reference, "int8", "cpu", calibration=calibration)
+    assert torch.equal(_logits(lean), _logits(float_route))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    gguf_int8.convert(gguf_file, plain)
+    assert gguf_int8.smoothing_version(plain) == "none"
+    unsmoothed = prepare_model(gguf_int8.load(plain), "int8", "cpu", int8_cache=plain / gguf_int8.INT8_FILE)
+    assert not torch.equal(_logits(lean), _logits(unsmoothed))  # the smoothing did change the weights
