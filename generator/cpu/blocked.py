@@ -26,9 +26,8 @@ from wmark.generator.cpu.rowwise import PLAIN, SWIGLU, RowInt8Linear, gemm_threa
 __all__ = ["BLOCK", "BlockedInt8Linear", "block_down_projections"]
 
 BLOCK = 1280
-"""Input channels per block (a multiple of 64, the kernel's group; 8,960 = 7 x 1,280). Chosen on
-the embedded target by `bench/quality.py`'s measurements: 2,240-channel blocks left 1.3x its KL,
-640 gained 6 % more for twice the calls."""
+"""Input channels per block: a multiple of 64 (the kernel's group) that cuts the embedded
+target's width evenly (8,960 = 7 x 1,280); chosen by measurement (BENCHMARKS.md, "Quality")."""
 
 
 def _widths(in_features: int, block: int) -> list[int]:

@@ -50,6 +50,11 @@ class EmbeddedModel:
     version: str
     parts: int
     sha256: str
+    smoothed: bool = False
+    """Whether its int8 weights are smoothed (`wmark.generator.models.smoothing`): the target's
+    are; the drafter's are not, since it runs on 4-bit weights where the CPU has AVX-512 VNNI and
+    smoothing moves outliers into weights, which 4 bits take worse: smoothed, its drafts were
+    accepted less often (BENCHMARKS.md, "Quality")."""
 
     def part_paths(self) -> list[Path]:
         """Paths of the installed parts, in order; a clear error if one is missing."""
@@ -76,6 +81,7 @@ TARGET = EmbeddedModel(
     version="0.2.0",
     parts=22,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    smoothed=True,
 )
 DRAFTER = EmbeddedModel(
     name="Qwen2.5-Coder-0.5B-Instruct",
@@ -134,7 +140,7 @@ def prepare(
     """
     out = models_dir() / model.sha256
     has_tokenizer = (out / "tokenizer.json").is_file()
-    if has_tokenizer and _has_weights(out, weights):
+    if has_tokenizer and _has_weights(out, weights, model):
         return out
     try:
         from transformers import AutoTokenizer
@@ -156,14 +162,17 @@ def prepare(
             from wmark.generator.models import gguf_int8
             from wmark.generator.models.smoothing import calibration_ids
 
-            if progress:
-                progress("calibrate", 0, 1)
-            tokenizer = AutoTokenizer.from_pretrained(str(staging if not has_tokenizer else out))
+            calibration = None
+            if model.smoothed:
+                if progress:
+                    progress("calibrate", 0, 1)
+                tokenizer = AutoTokenizer.from_pretrained(str(staging if not has_tokenizer else out))
+                calibration = calibration_ids(tokenizer)
             gguf_int8.convert(
                 gguf,
                 staging,
                 (lambda d, t: progress("int8", d, t)) if progress else None,
-                calibration=calibration_ids(tokenizer),
+                calibration=calibration,
             )
         elif weights == "float32":
             _dequantise(gguf, staging, progress)
@@ -187,14 +196,15 @@ def _dequantise(gguf: Path, staging: Path, progress: Callable[[str, int, int], N
     lm.save_pretrained(staging, safe_serialization=True)
 
 
-def _has_weights(path: Path, weights: Weights) -> bool:
+def _has_weights(path: Path, weights: Weights, model: EmbeddedModel) -> bool:
     if weights == "int8":  # converted, smoothed and packed as this version does (else converted again)
         from wmark.generator.models import int8_store
         from wmark.generator.models.gguf_int8 import INT8_FILE, has_int8, smoothing_version
         from wmark.generator.models.smoothing import VERSION
 
         fresh = not int8_store.is_stale(path / INT8_FILE)  # packed by an older wmark: built again
-        return has_int8(path) and smoothing_version(path) == VERSION and fresh
+        smoothing = VERSION if model.smoothed else "none"
+        return has_int8(path) and smoothing_version(path) == smoothing and fresh
     if weights == "float32":
         return (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
     return True

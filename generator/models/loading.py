@@ -64,7 +64,10 @@ def _load_tokenizer(source: Path | str) -> tuple[PreTrainedTokenizerBase, bytes]
     return hf, str(backend.to_str()).encode()
 
 
-def _load_model(source: Path | str, precision: str, device: str) -> PreTrainedModel:
+def _load_model(source: Path | str, precision: str, device: str, *, smooth: bool = True) -> PreTrainedModel:
+    """`source` loaded and prepared for `precision`. `smooth`: int8 weights quantised here from
+    float ones are smoothed first (the target's; a drafter's are not: see
+    `EmbeddedModel.smoothed`)."""
     hf_logging.disable_progress_bar()  # the CLI shows its own progress
     if precision == "int8" and isinstance(source, Path) and gguf_int8.has_int8(source):
         model = gguf_int8.load(source)  # converted straight from GGUF: no float32 weights anywhere
@@ -74,9 +77,9 @@ def _load_model(source: Path | str, precision: str, device: str) -> PreTrainedMo
             model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
         except (OSError, ValueError) as exc:
             raise BackendError(f"cannot load a model from {source}: {exc}") from exc
-        cache = _int8_cache(source) if precision == "int8" else None
+        cache = _int8_cache(source, smooth) if precision == "int8" else None
         calibration = None
-        if precision == "int8" and (cache is None or not int8_store.is_packed(cache)):
+        if smooth and precision == "int8" and (cache is None or not int8_store.is_packed(cache)):
             calibration = calibration_ids(_load_tokenizer(source)[0])  # quantised now: smoothed first
         model = prepare_model(model, precision, device, int8_cache=cache, calibration=calibration)
     _return_freed_memory()
@@ -94,13 +97,13 @@ def _return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _int8_cache(source: Path | str) -> Path | None:
+def _int8_cache(source: Path | str, smooth: bool) -> Path | None:
     """Where a local model's int8 weights are kept: named by its path and its weight files' stamps."""
     path = Path(source)
     if not path.is_dir():
         return None  # a hub id: nothing stable to key the cache by
     stamp = hashlib.sha256(str(path.resolve()).encode())
-    stamp.update(SMOOTHING.encode())  # int8 weights smoothed another way are another cache
+    stamp.update((SMOOTHING if smooth else "none").encode())  # smoothed another way: another cache
     for weights in sorted(path.glob("*.safetensors")):
         stat = weights.stat()
         stamp.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -226,7 +229,7 @@ def load_pair(
                 "(speculative decoding needs one vocabulary)"
             )
         say("loading drafter weights")
-        draft_model = _load_model(draft_src, precision, device)
+        draft_model = _load_model(draft_src, precision, device, smooth=False)
         if draft_model.config.vocab_size > target_model.config.vocab_size:
             raise BackendError("the drafter's vocabulary is larger than the target's")
     eos, threads = _eos_ids(target_model, chat), plan.gemm_threads

@@ -3,8 +3,8 @@
 Why: the int8 precision quantises each activation row with one scale, its peak
 (`wmark.generator.cpu.rowwise`). Qwen2.5's hidden states carry a few channels hundreds of times
 larger than the rest, so one scale per row leaves every other channel a handful of levels: on
-the embedded 1.5B target that alone cost a mean KL of 0.058 nats per token against the float
-model, a 4-bit-class loss (BENCHMARKS.md, "Quality").
+the embedded target that made the int8 model a 4-bit-class loss away from the float one
+(BENCHMARKS.md, "Quality").
 
 What (SmoothQuant: Xiao et al., ICML 2023): each input channel j of a linear layer gets a factor
 s_j = peak_x(j)^ALPHA / peak_w(j)^(1 - ALPHA), from the channel's peak activation on a fixed

@@ -135,7 +135,8 @@ def test_prepare_builds_int8_by_default_and_float32_only_when_asked(embedded_tin
     assert prepare(embedded_tiny) == path  # cached: nothing rebuilt
     prepare(embedded_tiny, weights="float32")
     assert (path / "model.safetensors").is_file()
-    assert torch.equal(_logits(lean), _logits(_load_model(str(path), "int8", "cpu")))
+    float_route = _load_model(str(path), "int8", "cpu", smooth=embedded_tiny.smoothed)  # smoothed alike
+    assert torch.equal(_logits(lean), _logits(float_route))
 
 
 def test_a_corrupt_gguf_is_refused_before_conversion(embedded_tiny):
@@ -201,3 +202,11 @@ def test_both_routes_smooth_alike(gguf_file, tmp_path):
     assert gguf_int8.smoothing_version(plain) == "none"
     unsmoothed = prepare_model(gguf_int8.load(plain), "int8", "cpu", int8_cache=plain / gguf_int8.INT8_FILE)
     assert not torch.equal(_logits(lean), _logits(unsmoothed))  # the smoothing did change the weights
+
+
+def test_only_a_model_marked_smoothed_is_smoothed_and_a_change_rebuilds(embedded_tiny):
+    plain = prepare(embedded_tiny)
+    assert gguf_int8.smoothing_version(plain) == "none"  # a drafter's conversion
+    smoothed = EmbeddedModel(**{**embedded_tiny.__dict__, "smoothed": True})
+    path = prepare(smoothed)  # the same file, now to be smoothed: converted again
+    assert path == plain and gguf_int8.smoothing_version(path) == smoothing.VERSION
