@@ -7,25 +7,15 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 
-from wmark.generator.cpu import _int8_gemm, blocked
+from wmark.generator.cpu import blocked
 from wmark.generator.cpu.blocked import BlockedInt8Linear, block_down_projections
 from wmark.generator.cpu.rowwise import RowInt8Linear
 from wmark.generator.drafters.int4_weights import cut_to_int4
 from wmark.generator.models import int8_store
 from wmark.generator.models.hf_session import HFModel
 from wmark.generator.models.prepare import prepare_model
-
-BACKENDS = _int8_gemm.backends()
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    _int8_gemm.use_backend(request.param)
-    yield request.param
-    _int8_gemm.use_backend(BACKENDS[0])
 
 
 def _layer(seed: int, out: int = 70, inp: int = 200) -> RowInt8Linear:

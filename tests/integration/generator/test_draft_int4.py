@@ -21,15 +21,6 @@ from wmark.generator.models.hf_session import HFModel
 from wmark.generator.models.lean_decoder import lean_decoder
 from wmark.generator.models.prepare import prepare_model
 
-BACKENDS = _int8_gemm.backends()
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    _int8_gemm.use_backend(request.param)
-    yield request.param
-    _int8_gemm.use_backend(BACKENDS[0])
-
 
 def _int8_layer(seed: int, out: int = 70, inp: int = 97) -> RowInt8Linear:
     """Shapes off the kernel's grain: 70 channels (tiles of 32), 97 columns (groups of 4)."""

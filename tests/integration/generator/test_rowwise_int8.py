@@ -19,13 +19,6 @@ BACKENDS = _int8_gemm.backends()  # this CPU's builds, fastest first; "portable"
 PREFETCH = _int8_gemm.prefetch()  # this CPU's weight prefetch policy
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    _int8_gemm.use_backend(request.param)
-    yield request.param
-    _int8_gemm.use_backend(BACKENDS[0])
-
-
 def _layer(seed: int, out: int = 70, inp: int = 97, bias: bool = True) -> RowInt8Linear:
     """Shapes off the kernel's grain on purpose: 70 channels (tiles of 32), 97 columns (groups of 4)."""
     gen = torch.Generator().manual_seed(seed)
