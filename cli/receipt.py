@@ -69,11 +69,18 @@ def rotate() -> None:
 
 @app.command()
 def revoke(
-    kid: Annotated[str, typer.Argument(help="The signing key's kid (see `wmark receipt keys`).")],
+    kid: Annotated[
+        str,
+        typer.Argument(
+            help="The signing key's kid (see `wmark receipt keys`); one that starts with '-' goes after "
+            "'--': wmark receipt revoke -- -qYb..."
+        ),
+    ],
 ) -> None:
     """Revoke a signing key: every receipt it signed fails verification from then on, saying so.
 
-    Publish the key set again: verifiers learn of the revocation from it.
+    Publish the key set again: verifiers learn of the revocation from it. A kid is base64url and
+    may start with '-', which the shell parser reads as an option unless it follows '--'.
     """
     with open_registry() as registry:
         info = registry.receipt_keys.revoke(kid, actor=cli_actor())
