@@ -8,16 +8,17 @@ decoding session (the forward generation runs: the text after its first token, o
 prompt, is one chain of draft nodes):
 
 - `int8` (the default): smoothed int8 weights (`wmark.generator.models.smoothing`) x int8
-  activations, one scale per row, except the MLP down projection's input, one scale per block of
-  channels (`wmark.generator.cpu.blocked`), loaded as `wmark generate` loads it;
-- `int8, smoothed, one scale per row`: the default with the down projections merged back;
-- `int8 before`: neither (the default until 2026-12-05);
+  activations in two parts, the row and what its int8 value left (`RowInt8Linear.residual`),
+  loaded as `wmark generate` loads it;
+- `int8, one part`: the default with one int8 part per activation row (one scale per row);
+- `int8 before`: neither smoothed nor in two parts (the default until 2026-12-05);
 - `drafter` rows: the draft model as generation runs it (`build_drafter`: its vocabulary head
   cut to the first 32k tokens, its weights to 4 bits where this CPU runs 4-bit weights
-  vectorised): now (not smoothed, blocks), smoothed as the target is, and before. A drafter only
-  proposes, and gives the tokens past its head no probability (so no finite KL): its column is
-  its overlap with the target it drafts for, sum_v min(p(v), q(v)), the probability that one
-  draft token is accepted by speculative sampling (PFR's race accepts with the same probability).
+  vectorised): now (not smoothed, activations in one part), smoothed as the target is, and
+  before. A drafter only proposes, and gives the tokens past its head no probability (so no
+  finite KL): its column is its overlap with the target it drafts for, sum_v min(p(v), q(v)),
+  the probability that one draft token is accepted by speculative sampling (PFR's race accepts
+  with the same probability).
 
 Texts: the human corpus (`wmark.eval.corpus.system_corpus`: licences, package descriptions and
 code found on this machine, none written by this project), the first `--doc-tokens` tokens of
@@ -49,10 +50,10 @@ from wmark.detector import TextTokenizer
 from wmark.eval.corpus import system_corpus
 from wmark.eval.models import prompt_encoder
 from wmark.eval.prompts import load_prompt_set
-from wmark.generator.cpu.blocked import BlockedInt8Linear
 from wmark.generator.drafters.build import build_drafter
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.models.embedded import DRAFTER, TARGET, prepare
+from wmark.generator.models.fused import int8_layers
 from wmark.generator.models.hf_session import HFModel
 from wmark.generator.models.loading import load_pair
 from wmark.generator.models.prepare import prepare_model
@@ -154,22 +155,21 @@ def _float_model(path) -> HFModel:  # noqa: ANN001
     )
 
 
-def _unblocked(model: torch.nn.Module) -> torch.nn.Module:
-    """`model` (in place) with each blocked down projection merged into one layer again."""
-    for module in list(model.modules()):
-        if isinstance(getattr(module, "down_proj", None), BlockedInt8Linear):
-            module.down_proj = module.down_proj.merged()
+def _one_part(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` (in place) with its activations quantised in one int8 part (no residual)."""
+    for layer in int8_layers(model):
+        layer.residual = False
     return model
 
 
-def _unsmoothed(path, *, blocks: bool) -> HFModel:  # noqa: ANN001
-    """The float checkpoint quantised without smoothing, with or without the blocks."""
+def _unsmoothed(path) -> HFModel:  # noqa: ANN001
+    """The float checkpoint quantised without smoothing, activations in one part."""
     model = prepare_model(AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32), "int8", "cpu")
-    return HFModel(model if blocks else _unblocked(model), frozenset())
+    return HFModel(model, frozenset())
 
 
 def _smoothed(path) -> HFModel:  # noqa: ANN001
-    """The float checkpoint smoothed (as the target is), then quantised with the blocks."""
+    """The float checkpoint smoothed (as the target is), then quantised; activations in one part."""
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     calibration = calibration_ids(AutoTokenizer.from_pretrained(str(path)))
     return HFModel(prepare_model(model, "int8", "cpu", calibration=calibration), frozenset())
@@ -200,16 +200,14 @@ def main() -> None:
 
     rows: dict[tuple[str, str], Row] = {}
     target_float, drafter_float = prepare(TARGET, weights="float32"), prepare(DRAFTER, weights="float32")
-    before = _unsmoothed(target_float, blocks=False)
+    before = _unsmoothed(target_float)
     models: dict[str, Callable[[], HFModel]] = {
         "int8 (default)": lambda: pair.target,
-        "int8, smoothed, one scale per row": lambda: HFModel(
-            _unblocked(copy.deepcopy(pair.target.model)), frozenset()
-        ),
+        "int8, one part": lambda: HFModel(_one_part(copy.deepcopy(pair.target.model)), frozenset()),
         "int8 before": lambda: before,
         "drafter (default)": lambda: _as_drafter(pair.drafter, pair.target),
         "drafter, smoothed": lambda: _as_drafter(_smoothed(drafter_float), pair.target),
-        "drafter before": lambda: _as_drafter(_unsmoothed(drafter_float, blocks=False), before),
+        "drafter before": lambda: _as_drafter(_unsmoothed(drafter_float), before),
     }
     # the drafter's overlap is with the target it drafts for
     drafts_for = {

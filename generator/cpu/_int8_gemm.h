@@ -121,7 +121,10 @@ typedef struct {
 /* Prologues: rows the GEMM makes from its input before quantising them (see _int8_gemm_rows.c). */
 enum prologue { PLAIN = 0, RMS_NORM = 1, SWIGLU = 2 };
 
-/* A call's rows phase: each row of x through the prologue (if any), then quantised. */
+/* A call's rows phase: each row of x through the prologue (if any), then quantised. With
+ * `residual`, input row r becomes two quantised rows: 2r, the row itself, and 2r + 1, what its
+ * quantisation left (the row minus q * peak / 127), quantised with its own peak; the GEMM runs
+ * over both and the call adds their outputs. */
 typedef struct rows_job {
     const float *x;     /* (m, k), or (m, 2k) for SWIGLU */
     const float *norm;  /* (k): RMS_NORM's weight */
@@ -129,9 +132,10 @@ typedef struct rows_job {
     float *h;           /* (m, k) scratch for the prologue's rows, or NULL */
     int prologue, rounding;
     Py_ssize_t k, kp;
-    int8_t *q;
+    int8_t *q;          /* (m, kp), or (2m, kp) with residual */
     uint8_t *aux;
-    float *rowscale;
+    float *rowscale;    /* (m), or (2m) with residual */
+    float *res;         /* (m, k) scratch for the residuals, or NULL: no residual rows */
 } rows_job_t;
 
 /* ---- the epilogue, portable: (float)sum * scale * rowscale (+ bias), in that order ---- */

@@ -23,6 +23,7 @@ def linear(
     prologue: int = ...,
     norm: Buffer | None = ...,
     eps: float = ...,
+    residual: bool = ...,
     /,
 ) -> None: ...
 

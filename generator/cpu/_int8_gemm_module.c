@@ -126,21 +126,24 @@ static PyObject *unpack(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(linear_doc,
-             "linear(x, packed, colsum, scale, bias, out, m, n, k, threads[, prologue, norm, eps])\n\n"
+             "linear(x, packed, colsum, scale, bias, out, m, n, k, threads[, prologue, norm, eps, residual])\n\n"
              "out = the exact int8 linear layer of x: float32 (m, k) rows, each quantised with its own\n"
              "peak; packed/colsum from pack(); scale: float32 (n); bias: float32 (n) or None; out: float32\n"
              "(m, n), written. Runs on `threads` threads (this module's own), releasing the GIL.\n"
              "prologue 1: the rows multiplied are RMSNorm(x) * norm (float32 (k)) with epsilon eps;\n"
-             "prologue 2: x is (m, 2k), gate then up, and the rows are silu(gate) * up.");
+             "prologue 2: x is (m, 2k), gate then up, and the rows are silu(gate) * up.\n"
+             "residual 1: each row is also multiplied as what its quantisation left (the row minus its\n"
+             "int8 value, quantised with its own peak) and the two outputs are added: ~16-bit activations\n"
+             "for twice the rows' arithmetic, the weights still read once.");
 
 static PyObject *linear_call(PyObject *args, int nibbles) {
     PyObject *objs[6];
     Py_ssize_t m, n, k;
-    int threads, prologue = PLAIN;
+    int threads, prologue = PLAIN, residual = 0;
     PyObject *norm = Py_None;
     float eps = 0.0f;
-    if (!PyArg_ParseTuple(args, "OOOOOOnnni|iOf", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &m,
-                          &n, &k, &threads, &prologue, &norm, &eps))
+    if (!PyArg_ParseTuple(args, "OOOOOOnnni|iOfp", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &m,
+                          &n, &k, &threads, &prologue, &norm, &eps, &residual))
         return NULL;
     if (m < 0 || n <= 0 || k <= 0) {
         PyErr_SetString(PyExc_ValueError, "linear: bad shape");
@@ -180,30 +183,38 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         /* the "amx" build runs blocks of AMX_MIN_ROWS rows or more, over whole 64-column chunks
          * (4-bit weights: up to AMX_WIDE_BYTES widened), on the tile unit, and everything else as
          * avx512vnni */
-        const int tiles = active_backend == AMX && m >= AMX_MIN_ROWS && groups % 16 == 0 &&
+        const Py_ssize_t qm = residual ? 2 * m : m; /* quantised rows the GEMM multiplies */
+        const int tiles = active_backend == AMX && qm >= AMX_MIN_ROWS && groups % 16 == 0 &&
                           (!nibbles || groups * GROUP <= AMX_WIDE_BYTES);
         int backend = tiles ? AMX_TILES : active_backend == AMX ? AVX512VNNI : active_backend;
         if (nibbles && backend == AVX2) backend = PORTABLE; /* 4-bit weights: VNNI or portable */
         const int rounding = tiles ? AVX512VNNI : backend;
-        const Py_ssize_t rows = tiles ? (m + 15) / 16 * 16 : m; /* whole tiles of rows, zeros past m */
-        int8_t *q = tiles ? calloc((size_t)rows, (size_t)kp) : malloc((size_t)(m * kp));
-        uint8_t *aux = backend == PORTABLE || tiles ? NULL : malloc((size_t)(m * kp));
-        float *rowscale = malloc((size_t)m * sizeof(float));
+        const Py_ssize_t rows = tiles ? (qm + 15) / 16 * 16 : qm; /* whole tiles of rows, zeros past qm */
+        int8_t *q = tiles ? calloc((size_t)rows, (size_t)kp) : malloc((size_t)(qm * kp));
+        uint8_t *aux = backend == PORTABLE || tiles ? NULL : malloc((size_t)(qm * kp));
+        float *rowscale = malloc((size_t)qm * sizeof(float));
         float *h = prologue == PLAIN ? NULL : malloc((size_t)(m * k) * sizeof(float));
+        float *res = residual ? malloc((size_t)(m * k) * sizeof(float)) : NULL;
+        float *pairs = residual ? malloc((size_t)(qm * n) * sizeof(float)) : NULL; /* both rows' outputs */
         if (q == NULL || rowscale == NULL || (backend != PORTABLE && !tiles && aux == NULL) ||
-            (prologue != PLAIN && h == NULL)) {
+            (prologue != PLAIN && h == NULL) || (residual && (res == NULL || pairs == NULL))) {
             free(q);
             free(aux);
             free(rowscale);
             free(h);
+            free(res);
+            free(pairs);
             PyErr_NoMemory();
             goto done;
         }
-        const rows_job_t rows_job = {views[0].buf, norm_view.buf, eps, h, prologue, rounding, k, kp, q, aux, rowscale};
-        job_t job = {views[1].buf, views[2].buf, views[3].buf, has_bias ? views[4].buf : NULL, q, aux, rowscale,
-                     views[5].buf, m, n, groups, backend, nibbles, NULL, NULL, NULL};
+        const float *bias = has_bias ? views[4].buf : NULL;
+        const rows_job_t rows_job = {views[0].buf, norm_view.buf, eps, h, prologue, rounding, k, kp, q, aux, rowscale,
+                                     res};
+        job_t job = {views[1].buf, views[2].buf, views[3].buf, residual ? NULL : bias, q, aux, rowscale,
+                     residual ? pairs : views[5].buf, qm, n, groups, backend, nibbles, NULL, NULL, NULL};
         job_t rows_phase = job;
         rows_phase.rows = &rows_job;
+        rows_phase.m = m; /* its units are the input rows (a residual's two quantised rows are one unit) */
         if (threads < 1) threads = 1;
         int failed = 0; /* a thread could not widen 4-bit tiles (read under the call lock: this call's) */
         Py_BEGIN_ALLOW_THREADS;
@@ -213,11 +224,23 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         wmark_run_job(&job, threads);
         failed = tiles && nibbles && atomic_exchange(&wmark_wide_failed, 0);
         wmark_pool_unlock();
+        if (residual) { /* out = (row's output + its residual's) + bias, in that order */
+            float *out = views[5].buf;
+            for (Py_ssize_t r = 0; r < m; r++) {
+                const float *hi = pairs + 2 * r * n, *lo = hi + n;
+                float *o = out + r * n;
+                for (Py_ssize_t c = 0; c < n; c++) o[c] = hi[c] + lo[c];
+                if (bias != NULL)
+                    for (Py_ssize_t c = 0; c < n; c++) o[c] += bias[c];
+            }
+        }
         Py_END_ALLOW_THREADS;
         free(q);
         free(aux);
         free(rowscale);
         free(h);
+        free(res);
+        free(pairs);
         if (failed) {
             PyErr_NoMemory();
             goto done;

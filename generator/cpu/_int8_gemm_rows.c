@@ -248,6 +248,27 @@ void wmark_run_rows(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
             swiglu_rows(src, count, k, h);
         src = h;
     }
-    quantise_rows(src, count, k, rows->kp, rows->rounding, rows->q + first * rows->kp,
-                  rows->aux != NULL ? rows->aux + first * rows->kp : NULL, rows->rowscale + first);
+    if (rows->res == NULL) {
+        quantise_rows(src, count, k, rows->kp, rows->rounding, rows->q + first * rows->kp,
+                      rows->aux != NULL ? rows->aux + first * rows->kp : NULL, rows->rowscale + first);
+        return;
+    }
+    /* residual rows: 2r the row, 2r + 1 the row minus its quantised value (exact float32 steps,
+     * no contraction: the same bits in every build) */
+    const Py_ssize_t kp = rows->kp;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const float *row = src + i * k;
+        float *res = rows->res + (first + i) * k;
+        const Py_ssize_t hi = 2 * (first + i);
+        for (int part = 0; part < 2; part++) {
+            const Py_ssize_t at = hi + part;
+            quantise_rows(part ? res : row, 1, k, kp, rows->rounding, rows->q + at * kp,
+                          rows->aux != NULL ? rows->aux + at * kp : NULL, rows->rowscale + at);
+            if (!part) {
+                const int8_t *q = rows->q + at * kp;
+                const float step = rows->rowscale[at];
+                for (Py_ssize_t j = 0; j < k; j++) res[j] = row[j] - (float)q[j] * step;
+            }
+        }
+    }
 }

@@ -82,6 +82,13 @@ class RowInt8Linear(nn.Module):
     of `_int8_gemm.linear`, on `gemm_threads()`. A row's output is therefore bit for bit the
     same however many rows rode along and whichever build of the kernel ran.
 
+    `residual` (off by default): each row is quantised in two parts, the row as above and what
+    its int8 value left (the row minus q * peak / 127, quantised with its own peak), both
+    multiplied in the same call and their outputs added: activations at ~16 bits instead of 8,
+    for the weights read once and twice the rows' arithmetic. Qwen2.5's activations carry a few
+    channels hundreds of times larger than the rest, and one 8-bit scale per row left the others
+    a handful of levels (BENCHMARKS.md, "Quality"); still row-local, so still batch-invariant.
+
     The weights are packed for the kernel on first use (`pack`; `pack_int8` does it at load), or
     come packed from the model cache (`from_packed`, memory-mapped: a later load neither packs
     nor copies them).
@@ -102,6 +109,7 @@ class RowInt8Linear(nn.Module):
         self._scale32 = self.scale.to(torch.float32)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self._views: tuple[Any, Any, Any, Any] | None = None  # numpy views of what `linear` reads
+        self.residual = False  # two-part activations (`two_part_activations`)
 
     @classmethod
     def from_packed(
@@ -161,7 +169,9 @@ class RowInt8Linear(nn.Module):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RowInt8Linear:
         weight, scale = self.int8_weight()
-        return RowInt8Linear(weight.clone(), scale.clone(), None if self.bias is None else self.bias.detach())
+        copy = RowInt8Linear(weight.clone(), scale.clone(), None if self.bias is None else self.bias.detach())
+        copy.residual = self.residual
+        return copy
 
     def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight_int8, scale) as given to the constructor (to stack or cut layers)."""
@@ -218,7 +228,7 @@ class RowInt8Linear(nn.Module):
         packed_np, colsum_np, scale_np, bias_np = self._views
         self._gemm()(
             rows, packed_np, colsum_np, scale_np, bias_np, out,
-            rows.shape[0], self.out_features, self.in_features, threads, prologue, norm, eps,
+            rows.shape[0], self.out_features, self.in_features, threads, prologue, norm, eps, self.residual,
         )  # fmt: skip
 
     def _gemm(self) -> Any:

@@ -36,16 +36,14 @@ from safetensors import safe_open
 from torch import nn
 
 from wmark.errors import BackendError
-from wmark.generator.cpu.blocked import BlockedInt8Linear
 from wmark.generator.cpu.rowwise import RowInt8Linear
 from wmark.generator.models.fused import GROUPS, group_name, install_group, stacked_bias, stacked_layer
 
 __all__ = ["FORMAT", "is_packed", "is_stale", "load", "save"]
 
 _DIVISOR = ".divisor"
-_BLOCKS = ".block_widths"  # a `BlockedInt8Linear`'s input widths; its blocks are `<name>.blocks.<i>`
 
-FORMAT = "wmark-int8-packed/2"
+FORMAT = "wmark-int8-packed/3"
 """The `format` metadata of a packed cache (bump it when the kernel's layout changes)."""
 
 
@@ -95,9 +93,6 @@ def save(model: nn.Module, path: Path, *, divisors: Mapping[str, torch.Tensor] |
         f"{name}{_DIVISOR}": divisor.to(torch.float64).contiguous()
         for name, divisor in (divisors or {}).items()
     }
-    for name, module in model.named_modules():
-        if isinstance(module, BlockedInt8Linear):  # its blocks are stored as layers of their own
-            tensors[f"{name}{_BLOCKS}"] = torch.tensor(module.widths, dtype=torch.int64)
     for name, layer in _stored_layers(model):
         packed, colsum = layer.packed_weights()
         tensors[f"{name}.packed"], tensors[f"{name}.colsum"] = packed, colsum
@@ -172,19 +167,8 @@ def load(model: nn.Module, path: Path) -> None:
                     layer(group_name(parent, names), linears),
                 )
 
-    def blocked(name: str, linear: nn.Linear) -> BlockedInt8Linear:
-        widths = stored.pop(f"{name}{_BLOCKS}").tolist()
-        if sum(widths) != linear.in_features:
-            raise BackendError(f"{path} does not fit the model at {name}: delete it to rebuild")
-        blocks = []
-        for i, width in enumerate(widths):
-            part = nn.Linear(width, linear.out_features, bias=False, device="meta")
-            blocks.append(layer(f"{name}.blocks.{i}", [part]))
-        return BlockedInt8Linear(blocks, linear.bias)
-
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            found = blocked(name, module) if f"{name}{_BLOCKS}" in stored else layer(name, [module])
-            setattr(parent, child, found)
+            setattr(parent, child, layer(name, [module]))

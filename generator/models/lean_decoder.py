@@ -39,7 +39,6 @@ from transformers import DynamicCache
 
 from wmark.generator.cpu import _tree_attention
 from wmark.generator.cpu.attention import tree_attention, visible_keys
-from wmark.generator.cpu.blocked import BlockedInt8Linear
 from wmark.generator.cpu.rowwise import RMS_NORM, SWIGLU, RowInt8Linear, gemm_threads
 from wmark.generator.cpu.thread_tuner import ThreadTuner
 from wmark.generator.models.fused import stacked_layer
@@ -72,7 +71,7 @@ class _Int8Layer:
     def __init__(self, layer: Any, qkv: RowInt8Linear, gate_up: RowInt8Linear) -> None:
         self.qkv, self.gate_up = qkv, gate_up
         self.o: RowInt8Linear = layer.self_attn.o_proj
-        self.down: RowInt8Linear | BlockedInt8Linear = layer.mlp.down_proj
+        self.down: RowInt8Linear = layer.mlp.down_proj
         self.norm_in = layer.input_layernorm.weight.detach().to(torch.float32).contiguous()
         self.norm_post = layer.post_attention_layernorm.weight.detach().to(torch.float32).contiguous()
         self.norm_in_rows, self.norm_post_rows = self.norm_in.numpy(), self.norm_post.numpy()
@@ -85,9 +84,7 @@ class _Int8Layer:
         gate_up = stacked_layer([mlp.gate_proj, mlp.up_proj])
         if qkv is None or gate_up is None:
             return None
-        if not isinstance(attention.o_proj, RowInt8Linear) or not isinstance(
-            mlp.down_proj, (RowInt8Linear, BlockedInt8Linear)
-        ):
+        if not isinstance(attention.o_proj, RowInt8Linear) or not isinstance(mlp.down_proj, RowInt8Linear):
             return None
         return _Int8Layer(layer, qkv, gate_up)
 

@@ -64,24 +64,30 @@ def _load_tokenizer(source: Path | str) -> tuple[PreTrainedTokenizerBase, bytes]
     return hf, str(backend.to_str()).encode()
 
 
-def _load_model(source: Path | str, precision: str, device: str, *, smooth: bool = True) -> PreTrainedModel:
-    """`source` loaded and prepared for `precision`. `smooth`: int8 weights quantised here from
-    float ones are smoothed first (the target's; a drafter's are not: see
-    `EmbeddedModel.smoothed`)."""
+def _load_model(source: Path | str, precision: str, device: str, *, target: bool = True) -> PreTrainedModel:
+    """`source` loaded and prepared for `precision`. `target`: int8 as a target's, whose
+    distribution is the text's: int8 weights quantised here from float ones are smoothed first,
+    and every layer's activations are quantised in two parts (`prepare_model`'s `residual`). A
+    drafter's are neither: it only proposes, and smoothing cost its 4-bit weights accepted
+    drafts (`EmbeddedModel.smoothed`)."""
     hf_logging.disable_progress_bar()  # the CLI shows its own progress
     if precision == "int8" and isinstance(source, Path) and gguf_int8.has_int8(source):
         model = gguf_int8.load(source)  # converted straight from GGUF: no float32 weights anywhere
-        model = prepare_model(model, precision, device, int8_cache=source / gguf_int8.INT8_FILE)
+        model = prepare_model(
+            model, precision, device, int8_cache=source / gguf_int8.INT8_FILE, residual=target
+        )
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
         except (OSError, ValueError) as exc:
             raise BackendError(f"cannot load a model from {source}: {exc}") from exc
-        cache = _int8_cache(source, smooth) if precision == "int8" else None
+        cache = _int8_cache(source, target) if precision == "int8" else None
         calibration = None
-        if smooth and precision == "int8" and (cache is None or not int8_store.is_packed(cache)):
+        if target and precision == "int8" and (cache is None or not int8_store.is_packed(cache)):
             calibration = calibration_ids(_load_tokenizer(source)[0])  # quantised now: smoothed first
-        model = prepare_model(model, precision, device, int8_cache=cache, calibration=calibration)
+        model = prepare_model(
+            model, precision, device, int8_cache=cache, calibration=calibration, residual=target
+        )
     _return_freed_memory()
     return model
 
@@ -104,6 +110,7 @@ def _int8_cache(source: Path | str, smooth: bool) -> Path | None:
         return None  # a hub id: nothing stable to key the cache by
     stamp = hashlib.sha256(str(path.resolve()).encode())
     stamp.update((SMOOTHING if smooth else "none").encode())  # smoothed another way: another cache
+    stamp.update(int8_store.FORMAT.encode())  # ... and packed another way
     for weights in sorted(path.glob("*.safetensors")):
         stat = weights.stat()
         stamp.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -229,7 +236,7 @@ def load_pair(
                 "(speculative decoding needs one vocabulary)"
             )
         say("loading drafter weights")
-        draft_model = _load_model(draft_src, precision, device, smooth=False)
+        draft_model = _load_model(draft_src, precision, device, target=False)
         if draft_model.config.vocab_size > target_model.config.vocab_size:
             raise BackendError("the drafter's vocabulary is larger than the target's")
     eos, threads = _eos_ids(target_model, chat), plan.gemm_threads

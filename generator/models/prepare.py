@@ -15,7 +15,6 @@ from transformers import AttentionInterface, PreTrainedModel
 
 from wmark.errors import BackendError
 from wmark.generator.cpu.attention import ATTENTION_NAME, rowwise_attention
-from wmark.generator.cpu.blocked import block_down_projections
 from wmark.generator.cpu.rowwise import convert_linears, pack_int8
 from wmark.generator.models import int8_store
 from wmark.generator.models.fused import fuse_projections, int8_layers
@@ -33,6 +32,7 @@ def prepare_model(
     *,
     int8_cache: Path | None = None,
     calibration: Sequence[Sequence[int]] | None = None,
+    residual: bool = False,
 ) -> PreTrainedModel:
     """Cast/convert a loaded model for `precision` on `device` and put it in eval mode.
 
@@ -46,6 +46,10 @@ def prepare_model(
     (`wmark.generator.models.smoothing`), and the cache keeps what that changed in its float
     weights. None: quantised as they are (plain int8 weights in `int8_cache` come smoothed, or
     not, from their conversion).
+
+    `residual`: every int8 layer quantises its input rows in two parts (`RowInt8Linear.residual`:
+    the row, then what its int8 value left), which keeps a target's activations at ~16 bits; a
+    draft model, which only proposes, runs one part, faster.
     """
     if precision in ("int8", "exact-fp32"):
         if device != "cpu":
@@ -60,13 +64,13 @@ def prepare_model(
                 smoothing = smooth_model(model, calibration)
                 divisors = None if smoothing is None else smoothing.dense
             convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
-            if precision == "int8":
-                block_down_projections(model)  # the down projection's input quantised in blocks
         if precision == "int8":
             fuse_projections(model)  # q/k/v and gate/up as one GEMM each: same numbers, less overhead
             pack_int8(int8_layers(model), workers=torch.get_num_threads())
             if int8_cache is not None and not int8_store.is_packed(int8_cache):
                 int8_store.save(model, int8_cache, divisors=divisors)
+            for layer in int8_layers(model):
+                layer.residual = residual
         AttentionInterface.register(ATTENTION_NAME, rowwise_attention)  # idempotent: a name -> function
         model.config._attn_implementation = ATTENTION_NAME
         for sub in model.modules():  # every layer reads the implementation from its config

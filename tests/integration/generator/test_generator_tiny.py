@@ -82,10 +82,11 @@ def test_close_drafter_accepts_more_and_mpfr_gains_with_drafts(models):
     assert _run(models, "mpfr", 8, 4, "unrelated").aatps > pfr_unrelated.aatps
 
 
-def test_int8_path_is_batch_invariant_too(tiny_qwen):
+@pytest.mark.parametrize("residual", [False, True])  # a drafter's one part, a target's two
+def test_int8_path_is_batch_invariant_too(tiny_qwen, residual):
     base = tiny_qwen(0)
     eos = frozenset({EOS})
-    target = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu"), eos)
+    target = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu", residual=residual), eos)
     decoder = target.plan.decoder
     assert decoder is not None and decoder.exact  # its forwards run the lean decoder
     drafter = HFModel(prepare_model(tiny_qwen(2), "int8", "cpu"), eos)

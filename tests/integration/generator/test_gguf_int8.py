@@ -131,11 +131,12 @@ def test_prepare_builds_int8_by_default_and_float32_only_when_asked(embedded_tin
     assert {"tokenizer.json", "config.json", gguf_int8.INT8_FILE, gguf_int8.DENSE_FILE} <= files
     assert not any(name.startswith("model") for name in files)  # no float32 checkpoint
     assert not any(p.name.startswith(".") for p in path.parent.iterdir())  # the assembled GGUF is gone
-    lean = _load_model(path, "int8", "cpu")
+    # as this (unsmoothed) model's float route below loads: one activation part, like a drafter
+    lean = _load_model(path, "int8", "cpu", target=embedded_tiny.smoothed)
     assert prepare(embedded_tiny) == path  # cached: nothing rebuilt
     prepare(embedded_tiny, weights="float32")
     assert (path / "model.safetensors").is_file()
-    float_route = _load_model(str(path), "int8", "cpu", smooth=embedded_tiny.smoothed)  # smoothed alike
+    float_route = _load_model(str(path), "int8", "cpu", target=embedded_tiny.smoothed)  # smoothed alike
     assert torch.equal(_logits(lean), _logits(float_route))
 
 

@@ -1,15 +1,16 @@
-"""What the blocked down projection costs in generation: the default int8 models against the same
-weights with each down projection merged back into one layer (one activation scale per row, as
-before `wmark.generator.cpu.blocked`), side by side.
+"""What two-part activations cost in generation: the default int8 target (each activation row
+quantised in two parts, `RowInt8Linear.residual`) against the same weights with one part (one
+int8 scale per row, as before), side by side.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/int8_blocks_speed.py [--limit 4] [--tokens 128]
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/int8_residual_speed.py [--limit 4] [--tokens 128]
 
 Rows: `basic-uwm` (one target forward per token) and `default` (mpfr with the `auto` drafter,
-`wmark generate`'s settings), each with the blocked models ("blocks") and the merged ones
-("one scale"), the four alternating prompt by prompt on the first `--limit` prompts of each
-built-in set, so that drift of this shared machine hits them alike. Smoothing costs nothing at
-run time (it changes weights, not work), so this is the whole speed difference between the
-default and the int8 path before it. Reports tokens/s end to end and the ratio blocks / one scale.
+`wmark generate`'s settings), each with the two-part target ("two parts") and the one-part one
+("one part"; the drafter is one-part in both), the four alternating prompt by prompt on the
+first `--limit` prompts of each built-in set, so that drift of this shared machine hits them
+alike. Smoothing costs nothing at run time (it changes weights, not work), so this is the whole
+speed difference between the default and the int8 path before it. Reports tokens/s end to end
+and for decoding alone (the prompt's prefill left out), and the ratios two parts / one part.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import hashlib
 from collections import defaultdict
 
 from generate_speed import SETTINGS, sampler_config
-from quality import _unblocked
+from quality import _one_part
 
 from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import TextTokenizer
@@ -45,19 +46,19 @@ def main() -> None:
     assert pair.drafter is not None
     target, draft_model = pair.target, pair.drafter
 
-    def merged(model: HFModel) -> HFModel:
+    def one_part(model: HFModel) -> HFModel:
         return HFModel(
-            _unblocked(copy.deepcopy(model.model)),
+            _one_part(copy.deepcopy(model.model)),
             model.eos_token_ids,
             model.name,
             tokenizer_sha256=model.tokenizer_sha256,
             gemm_threads=model.plan.gemm_threads,
         )
 
-    one_target, one_draft = merged(target), merged(draft_model)
+    one_target = one_part(target)
     builds = {
-        "blocks": (target, build_drafter("auto", target, draft_model)),
-        "one scale": (one_target, build_drafter("auto", one_target, one_draft)),
+        "two parts": (target, build_drafter("auto", target, draft_model)),
+        "one part": (one_target, build_drafter("auto", one_target, draft_model)),
     }
     tokenizer = TextTokenizer(pair.tokenizer_json, "qwen2.5-coder")
     key = KeyMaterial(
@@ -68,6 +69,7 @@ def main() -> None:
     encode = prompt_encoder(pair, chat=True)
     tokens: dict[tuple[str, str], int] = defaultdict(int)
     seconds: dict[tuple[str, str], float] = defaultdict(float)
+    decode: dict[tuple[str, str], float] = defaultdict(float)
     for set_name in SETS:
         for i, prompt in enumerate(load_prompt_set(set_name, limit=args.limit).prompts):
             ids = encode(prompt)
@@ -83,16 +85,18 @@ def main() -> None:
                     )
                     tokens[setting, build] += len(out.token_ids)
                     seconds[setting, build] += out.timings.total
+                    decode[setting, build] += out.timings.decode
                     print(
                         f"  {set_name} {i} {setting:>9} {build:>9}: {out.tokens_per_s:.2f} tok/s", flush=True
                     )
 
     print(f"\n{args.limit} prompts x {len(SETS)} sets, {args.tokens} tokens, threads {args.threads}\n")
-    print("| setting | blocks tokens/s | one scale tokens/s | blocks / one scale |")
-    print("|---|---:|---:|---:|")
+    print("| setting | two parts tokens/s | one part tokens/s | two / one | decode alone: two / one |")
+    print("|---|---:|---:|---:|---:|")
     for setting in ("basic-uwm", "default"):
-        blocks, one = (tokens[setting, b] / seconds[setting, b] for b in builds)
-        print(f"| {setting} | {blocks:.2f} | {one:.2f} | {blocks / one:.3f}x |")
+        two, one = (tokens[setting, b] / seconds[setting, b] for b in builds)
+        two_d, one_d = (tokens[setting, b] / decode[setting, b] for b in builds)
+        print(f"| {setting} | {two:.2f} | {one:.2f} | {two / one:.3f}x | {two_d / one_d:.3f}x |")
 
 
 if __name__ == "__main__":
