@@ -109,7 +109,7 @@ class RowInt8Linear(nn.Module):
         self._scale32 = self.scale.to(torch.float32)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self._views: tuple[Any, Any, Any, Any] | None = None  # numpy views of what `linear` reads
-        self.residual = False  # two-part activations (`two_part_activations`)
+        self.residual = False  # two-part activations (see the class docstring)
 
     @classmethod
     def from_packed(

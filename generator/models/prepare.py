@@ -66,10 +66,11 @@ def prepare_model(
             convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
         if precision == "int8":
             fuse_projections(model)  # q/k/v and gate/up as one GEMM each: same numbers, less overhead
-            pack_int8(int8_layers(model), workers=torch.get_num_threads())
+            layers = int8_layers(model)
+            pack_int8(layers, workers=torch.get_num_threads())
             if int8_cache is not None and not int8_store.is_packed(int8_cache):
                 int8_store.save(model, int8_cache, divisors=divisors)
-            for layer in int8_layers(model):
+            for layer in layers:
                 layer.residual = residual
         AttentionInterface.register(ATTENTION_NAME, rowwise_attention)  # idempotent: a name -> function
         model.config._attn_implementation = ATTENTION_NAME
