@@ -25,7 +25,17 @@ arithmetic and a measurement of forward costs need. It reports:
    of B x L nodes, in units of a one-token target forward, for B, L = 1..8, and the predicted
    speedup over basic-uwm, AATPS / (L c + r), with AATPS from a per-draft acceptance rate
    `--alpha` (B drafts accept a level with probability 1 - (1 - alpha)^B, an upper bound).
-Exit status 1 when a check fails.
+
+Checks 2-4 run twice, side by side: on each session's own growing cache (the slab path) and on
+the static path (`wmark.generator.models.static_forward`: a cache allocated once, forwards
+padded to fixed row counts, replayed as CUDA graphs on a GPU; run eagerly on the CPU). Then:
+
+5. The one-token step: wmark's session step on both paths against the floor, the same forward
+   replayed as a CUDA graph with nothing around it (GPU only).
+6. End to end: `generate()` tokens/s of basic-uwm and of mpfr on both paths.
+
+Each section reports and goes on when another fails (a GPU hour is scarce). Exit status 1 when
+a check fails.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import importlib.util
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +81,13 @@ _import_wmark_from_tree()
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec  # noqa: E402
+from wmark.generator.cuda.graphs import CudaGraphs  # noqa: E402
 from wmark.generator.cuda.prf import seed_uniforms_torch, seed_words  # noqa: E402
 from wmark.generator.engine import SamplerConfig, generate  # noqa: E402
 from wmark.generator.models.hf_session import HFModel  # noqa: E402
 from wmark.generator.models.prepare import prepare_model  # noqa: E402
+from wmark.generator.models.static_cache import FixedCache  # noqa: E402
+from wmark.generator.models.static_forward import StaticPlan  # noqa: E402
 from wmark.prf import seed_uniforms  # noqa: E402
 
 # Qwen2.5(-Coder)-1.5B-Instruct and -0.5B-Instruct, the embedded pair (their config.json shapes).
@@ -230,7 +244,8 @@ def _timed(fn: Any, device: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def cost_model(target: HFModel, drafter: HFModel, vocab: int, device: str, reps: int, alpha: float) -> None:
+def cost_model(target: HFModel, drafter: HFModel, vocab: int, device: str, reps: int, alpha: float) -> float:
+    """Print c and r (and the predicted speedup); return the one-token step in seconds."""
     rng = np.random.default_rng(3)
     prompt = [int(t) for t in rng.integers(1, vocab, size=256)]
     t_sess, d_sess = target.session(prompt), drafter.session(prompt)
@@ -271,6 +286,54 @@ def cost_model(target: HFModel, drafter: HFModel, vocab: int, device: str, reps:
             cells.append(f"{speedup:.2f}")
         print(f"| {b} | " + " | ".join(cells) + " |")
     print(f"best: {best[0]:.2f}x at B = {best[1]}, L = {best[2]}")
+    return base
+
+
+def graph_floor(lm: HFModel, context: int, reps: int) -> float:
+    """Seconds of a one-token forward after `context` cached rows, replayed as a CUDA graph with
+    no session around it: the floor wmark's step is measured against."""
+    width = (context + 16) // 16 * 16  # the keys read, a multiple of 16 like the static path's
+    cache = FixedCache.for_config(lm.model.config, width, lm.model.dtype, lm.device)
+    cache.length, cache.read_width = context, width
+    cache.write_index = torch.tensor([context], device=lm.device)
+    ids = torch.ones(1, 1, dtype=torch.long, device=lm.device)
+    positions = torch.full((1, 1), context, dtype=torch.long, device=lm.device)
+    mask = torch.zeros(1, 1, 1, width, dtype=lm.dtype, device=lm.device)
+    mask[..., context + 1 :] = torch.finfo(lm.dtype).min
+    graphs = CudaGraphs()
+
+    def forward() -> torch.Tensor:
+        out = lm.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{lm.plan.cache_keyword: cache},
+        )
+        logits: torch.Tensor = out.logits
+        return logits
+
+    def step() -> None:
+        with torch.inference_mode(), lm.plan.running():
+            graphs.run("step", forward)
+
+    step()
+    return _timed(step, "cuda", reps)
+
+
+def end_to_end(target: HFModel, drafter: HFModel, vocab: int, tokens: int) -> dict[str, float]:
+    """tokens/s of generate() (prefill excluded) for basic-uwm and mpfr B=2 L=4, one prompt."""
+    spec = WatermarkSpec(tokenizer=TokenizerRef(name="random", sha256="3" * 64, vocab_size=vocab))
+    key = KeyMaterial(key_id="wk_gpu", secret=Secret(hashlib.sha256(b"gpu key").digest()), spec=spec)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(1, vocab, size=64)]
+    speeds = {}
+    for method, drafts in (("basic-uwm", 1), ("mpfr", 2)):
+        config = SamplerConfig(method=method, drafts=drafts, lookahead=4, max_new_tokens=tokens)
+        generate(target, prompt, config=config, key=key, drafter=drafter, seed=0)  # warm (graphs)
+        out = generate(target, prompt, config=config, key=key, drafter=drafter, seed=0)
+        seconds = out.timings.draft + out.timings.verify + out.timings.bookkeeping
+        speeds[method] = len(out.token_ids) / seconds
+    return speeds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         help="default: bf16 on cuda, exact-fp32 (batch-invariant) on cpu",
     )
     parser.add_argument("--tokens", type=int, default=48, help="tokens per answer in the invariance check")
+    parser.add_argument("--e2e-tokens", type=int, default=128, help="tokens per end-to-end generation")
     parser.add_argument("--reps", type=int, default=5, help="timing repetitions (median)")
     parser.add_argument("--alpha", type=float, default=0.62, help="per-draft acceptance for the prediction")
     parser.add_argument(
@@ -310,15 +374,60 @@ def main(argv: list[str] | None = None) -> int:
     drafter_raw = on_device(build("drafter", args.small, seed=1), args.device, dtype)
     target = HFModel(prepare_model(target_raw, precision, args.device), eos, name="target")
     drafter = HFModel(prepare_model(drafter_raw, precision, args.device), eos, name="drafter")
+    graphs = args.device == "cuda"
+    static_target = HFModel(target.model, eos, name="target (static)", static=StaticPlan(graphs=graphs))
+    static_drafter = HFModel(drafter.model, eos, name="drafter (static)", static=StaticPlan(graphs=graphs))
+    paths = {"slab": (target, drafter), "static": (static_target, static_drafter)}
     print(f"models built in {time.perf_counter() - start:.1f} s")
-    ok = check_prf(args.device)
+    ok = section("PRF", lambda: check_prf(args.device))
     reference = HFModel(prepare_model(target_cpu, "fp32", "cpu"), eos, name="reference")  # the same weights
-    ok &= check_tree(target_raw, reference, target, vocab)
+    for path, (t, _) in paths.items():
+        print(f"\n[{path} path]", end=" ")
+        ok &= section(f"tree attention, {path}", lambda t=t, r=reference: check_tree(target_raw, r, t, vocab))
     del reference, target_cpu
-    check_invariance(target, drafter, vocab, args.tokens)
-    cost_model(target, drafter, vocab, args.device, args.reps, args.alpha)
+    steps: dict[str, float] = {}
+    for path, (t, d) in paths.items():
+        print(f"\n[{path} path]")
+        ok &= section(
+            f"invariance, {path}", lambda t=t, d=d: bool(check_invariance(t, d, vocab, args.tokens))
+        )
+        ok &= section(
+            f"cost model, {path}",
+            lambda t=t, d=d, path=path: bool(
+                steps.setdefault(path, cost_model(t, d, vocab, args.device, args.reps, args.alpha))
+            ),
+        )
+    if graphs:
+        ok &= section("floor", lambda: bool(steps.setdefault("floor", graph_floor(target, 256, args.reps))))
+    print("\none-token step after a 256-token prompt (ms):")
+    floor = steps.get("floor")
+    for path, seconds in steps.items():
+        ratio = f" ({seconds / floor:.2f}x the floor)" if floor and path != "floor" else ""
+        print(f"  {path}: {seconds * 1e3:.2f}{ratio}")
+    speeds: dict[str, dict[str, float]] = {}
+    for path, (t, d) in paths.items():
+        ok &= section(
+            f"end to end, {path}",
+            lambda t=t, d=d, path=path: bool(
+                speeds.setdefault(path, end_to_end(t, d, vocab, args.e2e_tokens))
+            ),
+        )
+    if speeds:
+        print(f"\nend to end, {args.e2e_tokens} tokens after a 64-token prompt (tokens/s, prefill excluded):")
+        for path, row in speeds.items():
+            print(f"  {path}: " + ", ".join(f"{m} {v:.1f}" for m, v in row.items()))
     print(f"\n{'all checks passed' if ok else 'A CHECK FAILED'} in {time.perf_counter() - start:.0f} s")
     return 0 if ok else 1
+
+
+def section(name: str, run: Any) -> bool:
+    """Run one check; an exception fails it (printed) and the script goes on."""
+    try:
+        return bool(run())
+    except Exception:  # noqa: BLE001 - reported, counted as a failure, the next check runs
+        print(f"\n{name}: FAILED with an exception")
+        traceback.print_exc(file=sys.stdout)
+        return False
 
 
 if __name__ == "__main__":

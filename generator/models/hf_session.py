@@ -3,8 +3,9 @@
 Only the public forward is used: `model(input_ids, cache=..., attention_mask=4D, position_ids=...)`
 (`past_key_values=` before transformers 5.25), or wmark's own layer loop where the model's
 `ForwardPlan` says so (`wmark.generator.models.forward_plan`).
-A session keeps the committed text in a KV cache that grows in place (`wmark.generator.models.kv_cache`;
-the prompt enters it in one prefill forward before the first block); speculative nodes are
+A session keeps the committed text in a KV cache (the prompt enters it in one prefill forward
+before the first block): its own, growing in place, or the model's, allocated once for fixed
+shapes and CUDA graphs (`wmark.generator.models.session_store`); speculative nodes are
 appended after it and see, through a 4D mask, the committed text plus their own ancestors, at
 position (committed length + depth - 1). `accept` keeps the committed entries and moves the
 accepted path's entries behind them in every layer (a crop cannot drop side branches). So a whole
@@ -23,7 +24,8 @@ from transformers import PreTrainedModel
 from wmark.generator.backend import NodeTable
 from wmark.generator.cpu.attention import ATTENTION_NAME
 from wmark.generator.models.forward_plan import ForwardPlan
-from wmark.generator.models.kv_cache import keep_entries, session_cache
+from wmark.generator.models.session_store import SlabStore, Store
+from wmark.generator.models.static_forward import StaticPlan, StaticStore
 
 __all__ = ["HFModel", "HFSession"]
 
@@ -33,7 +35,7 @@ class HFSession:
 
     def __init__(self, lm: HFModel, prompt_ids: Sequence[int]) -> None:
         self.lm = lm
-        self.cache = session_cache(lm.model.config)
+        self.store: Store = lm.store()
         self.committed = 0  # cache entries that hold committed text
         self.pending: list[int] = [int(t) for t in prompt_ids]
         self.nodes = NodeTable()
@@ -55,25 +57,7 @@ class HFSession:
         head = self.pending[:-1]
         if not head:
             return
-        causal = torch.ones(len(head), len(head), dtype=torch.bool).tril()
-        dtype = self.lm.dtype
-        mask = torch.zeros(causal.shape, dtype=dtype).masked_fill(~causal, torch.finfo(dtype).min)
-        ids = torch.tensor([head], device=self.lm.device)
-        mask4d = mask[None, None].to(self.lm.device)
-        positions = torch.arange(len(head), device=self.lm.device)[None]
-        plan = self.lm.plan
-        with plan.running(prefill=True):
-            if plan.decoder is not None:
-                plan.decoder.prefill(ids, mask4d, positions, self.cache)
-            else:
-                self.lm.model(
-                    input_ids=ids,
-                    attention_mask=mask4d,
-                    position_ids=positions,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **{plan.cache_keyword: self.cache},
-                )
+        self.store.prefill(head)
         self.committed = len(head)
         self.pending = self.pending[-1:]
 
@@ -89,58 +73,37 @@ class HFSession:
                 raise RuntimeError("no root logits yet: the session has nothing to process")
             return self.root_logits, torch.empty(0, self.lm.vocab_size)
         n_pending = len(self.pending)
-        cached = self.cache.get_seq_length()
+        cached = self.store.cached()
         if n_pending and cached != self.committed:
             raise RuntimeError("pending tokens with speculative nodes in the cache: accept() first")
-        committed_after = self.committed + n_pending
-        visible = torch.zeros(len(inputs), cached + len(inputs), dtype=torch.bool)
+        # which rows after the committed text each input row sees (`session_store`)
+        tail = torch.zeros(len(inputs), cached + len(inputs) - self.committed, dtype=torch.bool)
         positions = []
         for row in range(n_pending):  # queued committed tokens: causal among themselves
-            visible[row, : self.committed + row + 1] = True
+            tail[row, : row + 1] = True
             positions.append(self.committed + row)
         for k, node in enumerate(new):  # nodes: committed text + their ancestors + themselves
             row = n_pending + k
             self.slots.append(cached + row)
-            visible[row, :committed_after] = True
-            visible[row, [self.slots[a] for a in self.nodes.ancestors(node)]] = True
-            positions.append(committed_after + self.nodes.depths[node] - 1)
-        dtype = self.lm.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
-        device = self.lm.device
-        ids = torch.tensor([inputs], device=device)
-        mask4d, position_ids = mask[None, None].to(device), torch.tensor([positions], device=device)
-        plan = self.lm.plan
-        with plan.running():
-            if plan.decoder is not None:
-                out = plan.decoder(ids, mask4d, position_ids, self.cache)
-            else:
-                out = self._model_forward(ids, mask4d, position_ids)
+            tail[row, :n_pending] = True
+            tail[row, [self.slots[a] - self.committed for a in self.nodes.ancestors(node)]] = True
+            positions.append(self.committed + n_pending + self.nodes.depths[node] - 1)
+        logits = self.store.forward(inputs, self.committed, tail, positions)
         self.forwards += 1
-        logits = out[0].to(torch.float32)
         if n_pending:
             self.root_logits = logits[n_pending - 1]
-            self.committed = committed_after
+            self.committed += n_pending
             self.pending = []
         node_logits = logits[n_pending:]
         self.node_logits.extend(node_logits)
         assert self.root_logits is not None
         return self.root_logits, node_logits
 
-    def _model_forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits (1, n, vocab) from transformers' forward, the cache extended."""
-        cache = {self.lm.plan.cache_keyword: self.cache}
-        out = self.lm.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache
-        )
-        logits: torch.Tensor = out.logits
-        return logits
-
     def accept(self, path: Sequence[int], extra: Sequence[int]) -> None:
         """See `Session.accept`."""
         self.nodes.check_path(path)
         keep = list(range(self.committed)) + [self.slots[n] for n in path]
-        if len(keep) != self.cache.get_seq_length():
-            keep_entries(self.cache, keep)
+        self.store.keep(keep)
         self.committed = len(keep)
         if path and not extra:
             self.root_logits = self.node_logits[path[-1]]
@@ -162,6 +125,9 @@ class HFModel:
         tokenizer_sha256: SHA-256 of its tokenizer.json, when known: keys bound to another
             tokenizer are refused by `generate`.
         gemm_threads: threads of the CPU kernels per call (the thread plan's; None: torch's).
+        static: run sessions on a cache allocated once, in fixed shapes, replayable as CUDA
+            graphs (`wmark.generator.models.static_forward`); None: each session's own cache
+            that grows in place, each forward its own shapes (`session_store.SlabStore`).
 
     `plan`: how its sessions' forwards run (`ForwardPlan`); a target's plan unless replaced
     (`wmark.generator.drafters.build.build_drafter` gives a draft model a drafter's).
@@ -175,6 +141,7 @@ class HFModel:
         *,
         tokenizer_sha256: str | None = None,
         gemm_threads: int | None = None,
+        static: StaticPlan | None = None,
     ) -> None:
         self.model = model
         self.eos_token_ids = eos_token_ids
@@ -186,6 +153,22 @@ class HFModel:
         )
         self.dtype = torch.float32 if model.config._attn_implementation == ATTENTION_NAME else model.dtype
         self.plan = ForwardPlan.target(model, gemm_threads)
+        self.static = static
+        # one per session alive at once, kept for reuse; the first made now (a model the static
+        # path cannot serve is refused here, and its cache allocated before the first request)
+        self.static_stores: list[StaticStore] = [] if static is None else [StaticStore(self, static)]
+
+    def store(self) -> Store:
+        """Where a new session keeps its cache: its own slab, or a static store of the model's
+        that no live session holds (a new one where all are held: a model drafting for itself
+        runs two sessions at once). A static store keeps its cache and graphs between sessions."""
+        if self.static is None:
+            return SlabStore(self)
+        free = next((store for store in self.static_stores if store.free()), None)
+        if free is None:
+            free = StaticStore(self, self.static)
+            self.static_stores.append(free)
+        return free.lease()
 
     def session(self, prompt_ids: Sequence[int]) -> HFSession:
         """See `LanguageModel.session`."""

@@ -16,7 +16,7 @@ from wmark.generator.cpu.rowwise import RowInt8Linear
 from wmark.generator.drafters.build import build_drafter
 from wmark.generator.drafters.hybrid import HybridDrafter
 from wmark.generator.engine import SamplerConfig, generate
-from wmark.generator.models import hf_session, kv_cache
+from wmark.generator.models import kv_cache, session_store
 from wmark.generator.models.fused import FusedGroup, _Slice, stack, stacked_layer
 from wmark.generator.models.hf_session import HFModel
 from wmark.generator.models.kv_cache import session_cache
@@ -108,7 +108,7 @@ def test_the_kernel_loop_gives_the_per_layer_loops_bits(tiny_qwen, monkeypatch):
     )
     fast = _blocks(model)
     assert len(loops) == 2  # both tree blocks (the prompt's prefill takes SDPA)
-    monkeypatch.setattr(hf_session, "session_cache", lambda config: DynamicCache(config=config))
+    monkeypatch.setattr(session_store, "session_cache", lambda config: DynamicCache(config=config))
     reference = _blocks(model)
     assert len(loops) == 2
     assert torch.equal(fast, reference)
