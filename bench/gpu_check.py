@@ -33,6 +33,8 @@ padded to fixed row counts, replayed as CUDA graphs on a GPU; run eagerly on the
 5. The one-token step: wmark's session step on both paths against the floor, the same forward
    replayed as a CUDA graph with nothing around it (GPU only).
 6. End to end: `generate()` tokens/s of basic-uwm and of mpfr on both paths.
+7. The cost model again on the paper's shapes (a Llama-2-7B target and a 2-layer 68M drafter,
+   random weights made on the device; tiny stand-ins with --small), on the static path.
 
 Each section reports and goes on when another fails (a GPU hour is scarce). Exit status 1 when
 a check fails.
@@ -78,7 +80,7 @@ def _import_wmark_from_tree() -> None:
 
 _import_wmark_from_tree()
 
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec  # noqa: E402
 from wmark.generator.cuda.graphs import CudaGraphs  # noqa: E402
@@ -117,6 +119,27 @@ SMALL_SHAPES: dict[str, dict[str, Any]] = {
     "drafter": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
 }
 SMALL_COMMON: dict[str, Any] = {"vocab_size": 512, "num_key_value_heads": 2, "max_position_embeddings": 2048}
+# The paper's pair: a Llama-2-7B target and a 68M drafter (2 layers), for the cost model only.
+PAPER_SHAPES: dict[str, dict[str, Any]] = {
+    "target": {
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+    },
+    "drafter": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 12,
+    },
+}
+PAPER_SMALL: dict[str, dict[str, Any]] = {
+    "target": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4},
+    "drafter": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
+}
 EOS = 0
 SHARPEN = 6.0  # output-layer scale: random models' near-uniform outputs get language-like entropy
 
@@ -321,6 +344,25 @@ def graph_floor(lm: HFModel, context: int, reps: int) -> float:
     return _timed(step, "cuda", reps)
 
 
+def paper_cost_model(small: bool, device: str, dtype: torch.dtype, reps: int, alpha: float) -> bool:
+    """c, r and the predicted speedup for the paper's shapes (random weights made on the device,
+    no CPU reference: timing only), on the static path (CUDA graphs on a GPU)."""
+    shapes = PAPER_SMALL if small else PAPER_SHAPES
+    vocab = 512 if small else 32000
+    models = []
+    for seed, role in enumerate(("target", "drafter")):
+        config = LlamaConfig(**shapes[role], vocab_size=vocab, max_position_embeddings=4096)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = LlamaForCausalLM(config).to(dtype).eval()
+        models.append(
+            HFModel(model, frozenset({EOS}), name=f"paper {role}", static=StaticPlan(graphs=device == "cuda"))
+        )
+    print(f"\n[paper's shapes: {'tiny stand-ins' if small else 'Llama-2-7B target, 68M drafter'}]")
+    cost_model(models[0], models[1], vocab, device, reps, alpha)
+    return True
+
+
 def end_to_end(target: HFModel, drafter: HFModel, vocab: int, tokens: int) -> dict[str, float]:
     """tokens/s of generate() (prefill excluded) for basic-uwm and mpfr B=2 L=4, one prompt."""
     spec = WatermarkSpec(tokenizer=TokenizerRef(name="random", sha256="3" * 64, vocab_size=vocab))
@@ -347,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
         help="default: bf16 on cuda, exact-fp32 (batch-invariant) on cpu",
     )
     parser.add_argument("--tokens", type=int, default=48, help="tokens per answer in the invariance check")
+    parser.add_argument(
+        "--paper",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the cost model on the paper's shapes (7B target, 68M drafter; tiny with --small)",
+    )
     parser.add_argument("--e2e-tokens", type=int, default=128, help="tokens per end-to-end generation")
     parser.add_argument("--reps", type=int, default=5, help="timing repetitions (median)")
     parser.add_argument("--alpha", type=float, default=0.62, help="per-draft acceptance for the prediction")
@@ -416,6 +464,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nend to end, {args.e2e_tokens} tokens after a 64-token prompt (tokens/s, prefill excluded):")
         for path, row in speeds.items():
             print(f"  {path}: " + ", ".join(f"{m} {v:.1f}" for m, v in row.items()))
+    if args.paper:
+        ok &= section(
+            "paper's shapes", lambda: paper_cost_model(args.small, args.device, dtype, args.reps, args.alpha)
+        )
     print(f"\n{'all checks passed' if ok else 'A CHECK FAILED'} in {time.perf_counter() - start:.0f} s")
     return 0 if ok else 1
 

@@ -11,12 +11,15 @@ the forward it records is the one the CPU tests run eagerly.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
 __all__ = ["CudaGraphs"]
+
+_log = logging.getLogger(__name__)
 
 
 class CudaGraphs:
@@ -25,6 +28,7 @@ class CudaGraphs:
     def __init__(self) -> None:
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: Any = None
+        self._eager: set[Hashable] = set()  # shapes whose capture failed
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -36,8 +40,12 @@ class CudaGraphs:
         the kernels' lazy setup before a capture; it computes the same forward on the same
         inputs, so the rows it writes are the ones the replay writes again), records it, then
         replays the recording. The returned tensor is the graph's own output buffer: the next
-        replay of that key overwrites it, so a caller keeps a copy.
+        replay of that key overwrites it, so a caller keeps a copy. A shape whose capture
+        fails (a kernel that synchronises, say) is logged and runs eagerly from then on: the
+        same numbers, slower.
         """
+        if key in self._eager:
+            return forward()
         entry = self._graphs.get(key)
         if entry is None:
             side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
@@ -46,8 +54,13 @@ class CudaGraphs:
                 forward()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                output = forward()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool):
+                    output = forward()
+            except RuntimeError as exc:  # a kernel that cannot be recorded: this shape runs eagerly
+                _log.warning("CUDA graph capture failed for shape %s (%s); running it eagerly", key, exc)
+                self._eager.add(key)
+                return forward()
             self._pool = graph.pool()
             entry = self._graphs[key] = (graph, output)
         graph, output = entry
@@ -58,3 +71,4 @@ class CudaGraphs:
         """Forget every graph (the buffers they were recorded on are being replaced)."""
         self._graphs.clear()
         self._pool = None
+        self._eager.clear()

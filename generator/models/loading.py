@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import dataclasses
 import hashlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,9 @@ from wmark.generator.models.prepare import PRECISIONS, prepare_model
 from wmark.generator.models.prompt_encoder import PromptEncoder
 from wmark.generator.models.smoothing import VERSION as SMOOTHING
 from wmark.generator.models.smoothing import calibration_ids
+from wmark.generator.models.static_forward import StaticPlan
 
-__all__ = ["ModelPair", "load_pair", "resolve_source"]
+__all__ = ["ModelPair", "load_pair", "resolve_source", "static_plan"]
 
 Progress = Callable[[str], None]
 
@@ -241,18 +243,40 @@ def load_pair(
             raise BackendError("the drafter's vocabulary is larger than the target's")
     eos, threads = _eos_ids(target_model, chat), plan.gemm_threads
     sha = hashlib.sha256(tokenizer_json).hexdigest()
+    static = static_plan(device)
     return ModelPair(
         target=HFModel(
-            target_model, eos, name=str(target), tokenizer_sha256=sha, gemm_threads=plan.gemm_threads
+            target_model,
+            eos,
+            name=str(target),
+            tokenizer_sha256=sha,
+            gemm_threads=plan.gemm_threads,
+            static=static,
         ),
         drafter=(
-            HFModel(draft_model, eos, name=str(drafter), tokenizer_sha256=sha, gemm_threads=plan.gemm_threads)
+            HFModel(
+                draft_model,
+                eos,
+                name=str(drafter),
+                tokenizer_sha256=sha,
+                gemm_threads=plan.gemm_threads,
+                static=static,
+            )
             if draft_model is not None
             else None
         ),
         chat=chat,
         tokenizer_json=tokenizer_json,
     )
+
+
+def static_plan(device: str) -> StaticPlan | None:
+    """The cache a loaded model's sessions run on: on CUDA the static cache with its forwards
+    replayed as CUDA graphs (`wmark.generator.models.static_forward`), unless
+    `$WMARK_CUDA_GRAPHS` is 0; on the CPU (and with graphs off) each session's own slab."""
+    if device != "cuda" or os.environ.get("WMARK_CUDA_GRAPHS", "1").strip() == "0":
+        return None
+    return StaticPlan(graphs=True)
 
 
 def _same_vocabulary(tokenizer_json: bytes, source: Path | str) -> bool:

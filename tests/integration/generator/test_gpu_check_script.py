@@ -29,7 +29,8 @@ def test_gpu_check_passes_on_cpu_with_tiny_models():
     # reference, exact-fp32 is batch invariant, r(B, L) and the predicted speedup reach B = 8
     assert out.count(": ok") == 2
     assert out.count("drafter invariance: 6/6 answers identical to basic-uwm") == 2
-    assert out.count("\n| 8 | ") == 4
+    assert out.count("\n| 8 | ") == 6  # and the paper's shapes (tiny stand-ins here)
+    assert "[paper's shapes: tiny stand-ins]" in out
     assert "\n  slab: " in out and "\n  static: " in out  # the step and end-to-end rows
     assert "FAILED" not in out and "all checks passed" in out
 

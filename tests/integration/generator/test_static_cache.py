@@ -189,3 +189,12 @@ def test_plans_and_caches_refuse_what_they_cannot_serve(tiny_qwen):
     config = model.config.__class__(**{**model.config.to_dict(), "layer_types": ["sliding_attention"] * 2})
     with pytest.raises(BackendError, match="full-attention layers only"):
         FixedCache.for_config(config, 8, torch.float32, torch.device("cpu"))
+
+
+def test_cuda_models_load_onto_the_static_cache_with_graphs_unless_switched_off(monkeypatch):
+    from wmark.generator.models.loading import static_plan
+
+    assert static_plan("cpu") is None  # the CPU keeps each session's slab
+    assert static_plan("cuda") == StaticPlan(graphs=True)
+    monkeypatch.setenv("WMARK_CUDA_GRAPHS", "0")
+    assert static_plan("cuda") is None
