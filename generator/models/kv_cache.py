@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["ROOM", "SlabLayer", "keep_entries", "move_rows", "plan_moves", "session_cache"]
+__all__ = ["ROOM", "SlabLayer", "keep_entries", "plan_moves", "session_cache"]
 
 ROOM = 256
 """Rows of spare room a buffer gets beyond what it first holds (it doubles when full)."""
@@ -101,7 +101,10 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc]  # transformers is untyped 
             return
         if count > self.length or (moved is not None and int(moved[-1]) >= self.length):
             raise ValueError("keep: rows must be increasing cache entries")
-        move_rows(self._keys, self._values, first, moved, count)
+        if moved is not None:  # gathered first, then written: a row never overwrites one still to move
+            index = moved.to(self._keys.device)
+            self._keys[:, :, first:count] = self._keys.index_select(2, index)
+            self._values[:, :, first:count] = self._values.index_select(2, index)
         self._show(count)
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -116,18 +119,6 @@ class SlabLayer(DynamicLayer):  # type: ignore[misc]  # transformers is untyped 
         self._keys = self._values = None
         self._arrays = None
         self.length = 0
-
-
-def move_rows(
-    keys: torch.Tensor, values: torch.Tensor, first: int, moved: torch.Tensor | None, count: int
-) -> None:
-    """Move the rows `moved` of buffers (batch, heads, rows, dim) to first .. count, in order
-    (a plan of `plan_moves`), on the buffers' device. Gathered first, then written: a row never
-    overwrites one still to move."""
-    if moved is not None:
-        index = moved.to(keys.device)
-        keys[:, :, first:count] = keys.index_select(2, index)
-        values[:, :, first:count] = values.index_select(2, index)
 
 
 def session_cache(config: PreTrainedConfig) -> DynamicCache:
