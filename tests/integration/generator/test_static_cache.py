@@ -50,9 +50,21 @@ def _generate(models, method: str, drafts: int) -> tuple:
     return out.token_ids, out.blocks
 
 
+@pytest.fixture(scope="module")
+def stock(tiny_qwen):
+    """(slab, static unpadded) views of one fp32 target and drafter on stock kernels."""
+    target = prepare_model(tiny_qwen(0), "fp32", "cpu")
+    drafter = prepare_model(tiny_qwen(2), "fp32", "cpu")
+    plan = StaticPlan(capacity=16, pad=False)
+    slab = (HFModel(target, EOS), HFModel(drafter, EOS))
+    return slab, (HFModel(target, EOS, static=plan), HFModel(drafter, EOS, static=plan))
+
+
+@pytest.mark.parametrize("kernels", ["exact", "stock"])
 @pytest.mark.parametrize("method", list(METHODS))
-def test_every_method_emits_the_same_tokens_and_blocks_on_the_static_cache(exact, method):
-    slab, static = exact
+def test_every_method_emits_the_same_tokens_and_blocks_on_the_static_cache(request, kernels, method):
+    # exact-fp32: padded forwards; fp32 on stock kernels: unpadded ones (the slab path's shapes)
+    slab, static = request.getfixturevalue(kernels)
     drafts = 4 if METHODS[method].multi_draft else 1
     tokens, blocks = _generate(slab, method, drafts)
     assert _generate(static, method, drafts) == (tokens, blocks)
