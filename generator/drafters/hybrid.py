@@ -167,7 +167,7 @@ class HybridSession:
                 self._root, self._root_trust = model_root, 1.0
             for n in needy:
                 rows[n] = model_rows[feed.index(n)]
-        node_rows = torch.stack([rows[n] for n in new]) if new else torch.empty(0, self.vocab_size)
+        node_rows = _stack([rows[n] for n in new], self.vocab_size)
         self._trust = [self._root_trust, *(trust[n] for n in new)]
         return self._root, node_rows
 
@@ -213,6 +213,15 @@ class HybridSession:
         self.model_ids.clear()
         self.fed = 0
         self._root = None
+
+
+def _stack(rows: list[torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """The rows as one (n, V) tensor, on the model's device where any row came from a model on
+    a GPU (lookup rows are built on the CPU; a block may mix both)."""
+    if not rows:
+        return torch.empty(0, vocab_size)
+    device = next((row.device for row in rows if row.device.type != "cpu"), rows[0].device)
+    return torch.stack([row.to(device) for row in rows])
 
 
 class HybridDrafter:

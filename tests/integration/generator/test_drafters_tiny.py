@@ -308,3 +308,40 @@ def test_short_matches_yield_to_the_model_where_its_drafts_hold_the_target_bette
         PRIOR_WEIGHT + 9,
     )
     assert session.rule.model.seen == PRIOR_WEIGHT + 1  # a model root with no drafts scores nothing
+
+
+class _OnDevice:
+    """A language model whose rows come back on another device ("meta": a stand-in for a GPU)."""
+
+    def __init__(self, model: FakeLM, device: str) -> None:
+        self.model, self.device = model, device
+        self.vocab_size, self.eos_token_ids, self.tokenizer_sha256 = (
+            model.vocab_size,
+            model.eos_token_ids,
+            None,
+        )
+
+    def session(self, prompt_ids):
+        inner = self.model.session(prompt_ids)
+        device = self.device
+
+        class Session:
+            def extend(self, parents, tokens):
+                root, rows = inner.extend(parents, tokens)
+                return root.to(device), rows.to(device)
+
+            def accept(self, path, extra):
+                inner.accept(path, extra)
+
+        return Session()
+
+
+def test_a_block_mixing_lookup_rows_and_a_gpu_models_rows_lands_on_the_models_device():
+    # lookup rows are made on the CPU; a draft model on a GPU answers there: stacking the two
+    # failed ("expected all tensors on the same device") whenever a level mixed them
+    fake = FakeLM(12, lambda context: np.linspace(0.0, 1.0, 12))
+    session = HybridDrafter(_OnDevice(fake, "meta")).session([1, 2, 3, 4, 1, 2, 3, 4, 1, 2])
+    session.extend([], [])
+    _, rows = session.extend([-1, -1], [3, 9])  # "1 2 3" is in the prompt (a lookup row), "1 2 9" not
+    assert session.row_trust()[1] != session.row_trust()[2]  # one lookup row, one model row
+    assert rows.shape == (2, 12) and rows.device.type == "meta"
