@@ -339,7 +339,7 @@ class _OnDevice:
 def test_a_block_mixing_lookup_rows_and_a_gpu_models_rows_lands_on_the_models_device():
     # lookup rows are made on the CPU; a draft model on a GPU answers there: stacking the two
     # failed ("expected all tensors on the same device") whenever a level mixed them
-    fake = FakeLM(12, lambda context: np.linspace(0.0, 1.0, 12))
+    fake = FakeLM(12, lambda _context: np.linspace(0.0, 1.0, 12))
     session = HybridDrafter(_OnDevice(fake, "meta")).session([1, 2, 3, 4, 1, 2, 3, 4, 1, 2])
     session.extend([], [])
     _, rows = session.extend([-1, -1], [3, 9])  # "1 2 3" is in the prompt (a lookup row), "1 2 9" not
