@@ -32,7 +32,8 @@ padded to fixed row counts, replayed as CUDA graphs on a GPU; run eagerly on the
 
 5. The one-token step: wmark's session step on both paths against the floor, the same forward
    replayed as a CUDA graph with nothing around it (GPU only).
-6. End to end: `generate()` tokens/s of basic-uwm and of mpfr on both paths.
+6. End to end: `generate()` tokens/s of basic-uwm, of mpfr over the draft model and of the
+   default sampler (`auto` drafter) on both paths.
 7. The cost model again on the paper's shapes (a Llama-2-7B target and a 2-layer 68M drafter,
    random weights made on the device; tiny stand-ins with --small), on the static path.
 
@@ -85,6 +86,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec  # noqa: E402
 from wmark.generator.cuda.graphs import CudaGraphs  # noqa: E402
 from wmark.generator.cuda.prf import seed_uniforms_torch, seed_words  # noqa: E402
+from wmark.generator.drafters.build import build_drafter  # noqa: E402
 from wmark.generator.engine import SamplerConfig, generate  # noqa: E402
 from wmark.generator.models.hf_session import HFModel  # noqa: E402
 from wmark.generator.models.prepare import prepare_model  # noqa: E402
@@ -363,19 +365,38 @@ def paper_cost_model(small: bool, device: str, dtype: torch.dtype, reps: int, al
     return True
 
 
-def end_to_end(target: HFModel, drafter: HFModel, vocab: int, tokens: int) -> dict[str, float]:
-    """tokens/s of generate() (prefill excluded) for basic-uwm and mpfr B=2 L=4, one prompt."""
+def end_to_end(
+    target: HFModel, drafter: Any, vocab: int, tokens: int, runs: tuple[tuple[str, SamplerConfig], ...]
+) -> dict[str, float]:
+    """tokens/s of generate() (prefill excluded) per (name, config), one prompt whose second half
+    repeats its first (so prompt lookup finds matches, as in a text to summarise)."""
     spec = WatermarkSpec(tokenizer=TokenizerRef(name="random", sha256="3" * 64, vocab_size=vocab))
     key = KeyMaterial(key_id="wk_gpu", secret=Secret(hashlib.sha256(b"gpu key").digest()), spec=spec)
-    prompt = [int(t) for t in np.random.default_rng(4).integers(1, vocab, size=64)]
+    half = [int(t) for t in np.random.default_rng(4).integers(1, vocab, size=32)]
     speeds = {}
-    for method, drafts in (("basic-uwm", 1), ("mpfr", 2)):
-        config = SamplerConfig(method=method, drafts=drafts, lookahead=4, max_new_tokens=tokens)
-        generate(target, prompt, config=config, key=key, drafter=drafter, seed=0)  # warm (graphs)
-        out = generate(target, prompt, config=config, key=key, drafter=drafter, seed=0)
+    for name, config in runs:
+        generate(target, half + half, config=config, key=key, drafter=drafter, seed=0)  # warm (graphs)
+        out = generate(target, half + half, config=config, key=key, drafter=drafter, seed=0)
         seconds = out.timings.draft + out.timings.verify + out.timings.bookkeeping
-        speeds[method] = len(out.token_ids) / seconds
+        speeds[name] = len(out.token_ids) / seconds
     return speeds
+
+
+def end_to_end_table(paths: dict[str, tuple[HFModel, HFModel]], vocab: int, tokens: int) -> bool:
+    """`end_to_end` of basic-uwm, mpfr B=2 L=4 over the draft model, and the default sampler
+    (its `auto` drafter: prompt lookup, else the draft model with its output layer cut), per path."""
+    fixed = (
+        ("basic-uwm", SamplerConfig(method="basic-uwm", max_new_tokens=tokens)),
+        ("mpfr B=2 L=4", SamplerConfig(method="mpfr", drafts=2, lookahead=4, max_new_tokens=tokens)),
+    )
+    speeds = {path: end_to_end(t, d, vocab, tokens, fixed) for path, (t, d) in paths.items()}
+    default = (("default (auto)", SamplerConfig(max_new_tokens=tokens)),)
+    for path, (t, d) in paths.items():  # after the rows above: `auto` cuts the draft model's head
+        speeds[path].update(end_to_end(t, build_drafter("auto", t, d, int4=False), vocab, tokens, default))
+    print(f"\nend to end, {tokens} tokens after a 64-token prompt (tokens/s, prefill excluded):")
+    for path, row in speeds.items():
+        print(f"  {path}: " + ", ".join(f"{m} {v:.1f}" for m, v in row.items()))
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -452,18 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     for path, seconds in steps.items():
         ratio = f" ({seconds / floor:.2f}x the floor)" if floor and path != "floor" else ""
         print(f"  {path}: {seconds * 1e3:.2f}{ratio}")
-    speeds: dict[str, dict[str, float]] = {}
-    for path, (t, d) in paths.items():
-        ok &= section(
-            f"end to end, {path}",
-            lambda t=t, d=d, path=path: bool(
-                speeds.setdefault(path, end_to_end(t, d, vocab, args.e2e_tokens))
-            ),
-        )
-    if speeds:
-        print(f"\nend to end, {args.e2e_tokens} tokens after a 64-token prompt (tokens/s, prefill excluded):")
-        for path, row in speeds.items():
-            print(f"  {path}: " + ", ".join(f"{m} {v:.1f}" for m, v in row.items()))
+    ok &= section("end to end", lambda: end_to_end_table(paths, vocab, args.e2e_tokens))
     if args.paper:
         ok &= section(
             "paper's shapes", lambda: paper_cost_model(args.small, args.device, dtype, args.reps, args.alpha)
