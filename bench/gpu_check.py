@@ -366,7 +366,7 @@ def paper_cost_model(small: bool, device: str, dtype: torch.dtype, reps: int, al
 
 
 def end_to_end(
-    target: HFModel, drafter: Any, vocab: int, tokens: int, runs: tuple[tuple[str, SamplerConfig], ...]
+    target: HFModel, drafter: Any, vocab: int, runs: tuple[tuple[str, SamplerConfig], ...]
 ) -> dict[str, float]:
     """tokens/s of generate() (prefill excluded) per (name, config), one prompt whose second half
     repeats its first (so prompt lookup finds matches, as in a text to summarise)."""
@@ -389,10 +389,10 @@ def end_to_end_table(paths: dict[str, tuple[HFModel, HFModel]], vocab: int, toke
         ("basic-uwm", SamplerConfig(method="basic-uwm", max_new_tokens=tokens)),
         ("mpfr B=2 L=4", SamplerConfig(method="mpfr", drafts=2, lookahead=4, max_new_tokens=tokens)),
     )
-    speeds = {path: end_to_end(t, d, vocab, tokens, fixed) for path, (t, d) in paths.items()}
+    speeds = {path: end_to_end(t, d, vocab, fixed) for path, (t, d) in paths.items()}
     default = (("default (auto)", SamplerConfig(max_new_tokens=tokens)),)
     for path, (t, d) in paths.items():  # after the rows above: `auto` cuts the draft model's head
-        speeds[path].update(end_to_end(t, build_drafter("auto", t, d, int4=False), vocab, tokens, default))
+        speeds[path].update(end_to_end(t, build_drafter("auto", t, d, int4=False), vocab, default))
     print(f"\nend to end, {tokens} tokens after a 64-token prompt (tokens/s, prefill excluded):")
     for path, row in speeds.items():
         print(f"  {path}: " + ", ".join(f"{m} {v:.1f}" for m, v in row.items()))
