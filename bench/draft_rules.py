@@ -14,6 +14,10 @@ drafter's) then moves only with the counts, so two settings whose measured token
 less than this machine's drift (often ±10 % between runs) can still be told apart. The measured
 seconds are printed beside it as a check of the table.
 
+`--save-counts FILE` writes the counts themselves (per prompt set and setting: tokens, blocks
+and a histogram of each model's forwards by row count): they do not depend on the machine, so
+`bench/gpu_check.py --counts FILE` prices them with a GPU's own cost table.
+
 Settings: `bench/generate_speed.py`'s names or method:B:L:drafter:confidence[:lookup[:reach[:rows]]].
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import statistics
 import sys
 import time
@@ -123,6 +128,27 @@ class Tally:
     predicted: float = 0.0
     measured: float = 0.0
     outputs: list[tuple[int, ...]] = field(default_factory=list)
+    rows: dict[str, dict[int, int]] = field(default_factory=lambda: {"target": {}, "drafter": {}})
+
+
+def save_counts(path: Path, tallies: dict[tuple[str, str], Tally], args: argparse.Namespace) -> None:
+    """Each (prompt set, setting)'s tokens and forwards as JSON: which forwards a setting runs
+    does not depend on the machine (the text is the target's), only their cost does, so another
+    machine prices these counts with its own cost table (`bench/gpu_check.py --counts`)."""
+    counts = {
+        "made_by": f"bench/draft_rules.py --prompt-sets {args.prompt_sets} --settings {args.settings!r} "
+        f"--tokens {args.tokens}" + (f" --limit {args.limit}" if args.limit else ""),
+        "date": time.strftime("%Y-%m-%d"),
+        "sets": {},
+    }
+    for (set_name, name), t in tallies.items():
+        counts["sets"].setdefault(set_name, {})[name] = {
+            "tokens": t.tokens,
+            "blocks": t.blocks,
+            "forwards": {role: {str(m): n for m, n in sorted(h.items())} for role, h in t.rows.items()},
+        }
+    path.write_text(json.dumps(counts, indent=1) + "\n")
+    print(f"counts written to {path}")
 
 
 def main() -> None:
@@ -133,6 +159,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7, help="timed forwards per cost-table entry")
+    parser.add_argument(
+        "--save-counts",
+        type=Path,
+        default=None,
+        help="write each setting's forwards per prompt set (a histogram of row counts per model) "
+        "as JSON, for pricing on another machine (bench/gpu_check.py --counts)",
+    )
     args = parser.parse_args()
     names = ["basic-uwm", *(n.strip() for n in args.settings.split(",") if n.strip() != "basic-uwm")]
     unknown = [n for n in names if n not in SETTINGS and not 4 <= n.count(":") <= 7]
@@ -197,7 +230,11 @@ def main() -> None:
                 tally.predicted += price(log, tables)
                 tally.measured += out.timings.decode
                 tally.outputs.append(out.token_ids)
+                for role, m in log:
+                    tally.rows[role][m] = tally.rows[role].get(m, 0) + 1
             print(f"  {set_name} prompt {i} done", flush=True)
+    if args.save_counts is not None:
+        save_counts(args.save_counts, tallies, args)
 
     print()
     print(

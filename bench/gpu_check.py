@@ -34,7 +34,12 @@ padded to fixed row counts, replayed as CUDA graphs on a GPU; run eagerly on the
    replayed as a CUDA graph with nothing around it (GPU only).
 6. End to end: `generate()` tokens/s of basic-uwm, of mpfr over the draft model and of the
    default sampler (`auto` drafter) on both paths.
-7. The cost model again on the paper's shapes (a Llama-2-7B target and a 2-layer 68M drafter,
+7. Per built-in prompt set: the forwards each setting ran there on a CPU (`--counts`, made by
+   `bench/draft_rules.py --save-counts`; the text, hence which forwards run, is the target's on
+   any machine) priced with this machine's cost of a forward of each row count, on the static
+   path: the predicted decode speedup of the default sampler (and prompt lookup alone) over
+   basic-uwm.
+8. The cost model again on the paper's shapes (a Llama-2-7B target and a 2-layer 68M drafter,
    random weights made on the device; tiny stand-ins with --small), on the static path.
 
 Each section reports and goes on when another fails (a GPU hour is scarce). Exit status 1 when
@@ -47,6 +52,7 @@ import argparse
 import copy
 import hashlib
 import importlib.util
+import json
 import statistics
 import sys
 import time
@@ -365,6 +371,55 @@ def paper_cost_model(small: bool, device: str, dtype: torch.dtype, reps: int, al
     return True
 
 
+def chain_costs(model: HFModel, sizes: list[int], vocab: int, device: str, reps: int) -> dict[int, float]:
+    """Seconds of one forward over M new tokens (a chain) after a 300-token prompt, per M."""
+    rng = np.random.default_rng(5)
+    session = model.session([int(t) for t in rng.integers(1, vocab, size=300)])
+    session.extend([], [])
+
+    def forward(m: int) -> None:
+        session.accept([], [])
+        session.extend(list(range(-1, m - 1)), [int(t) for t in rng.integers(1, vocab, size=m)])
+
+    return {m: _timed(lambda m=m: forward(m), device, reps) for m in sizes}
+
+
+def prompt_set_predictions(
+    path: Path, target: HFModel, drafter: HFModel, vocab: int, device: str, reps: int
+) -> bool:
+    """Price the forwards each setting ran on the built-in prompt sets on the CPU (`bench/
+    draft_rules.py --save-counts`: the same text, hence the same forwards, on any machine) with
+    this machine's cost of a forward of each row count: predicted decode speedup vs basic-uwm."""
+    counts = json.loads(path.read_text())
+    sizes: dict[str, set[int]] = {"target": set(), "drafter": set()}
+    for settings in counts["sets"].values():
+        for setting in settings.values():
+            for role, histogram in setting["forwards"].items():
+                sizes[role].update(int(m) for m in histogram)
+    costs = {
+        role: chain_costs(model, sorted(sizes[role]), vocab, device, reps)
+        for role, model in (("target", target), ("drafter", drafter))
+        if sizes[role]
+    }
+
+    def seconds(setting: dict[str, Any]) -> float:
+        return sum(
+            costs[role][int(m)] * n
+            for role, histogram in setting["forwards"].items()
+            for m, n in histogram.items()
+        )
+
+    print(f"\nprompt sets: the forwards of {counts['made_by']} ({counts['date']}), priced here")
+    print("| set | setting | AATPS | predicted decode vs basic-uwm |")
+    print("|---|---|---:|---:|")
+    for set_name, settings in counts["sets"].items():
+        base = seconds(settings["basic-uwm"])
+        for name, setting in settings.items():
+            aatps = setting["tokens"] / setting["blocks"]
+            print(f"| {set_name} | {name} | {aatps:.2f} | {base / seconds(setting):.2f}x |")
+    return True
+
+
 def end_to_end(
     target: HFModel, drafter: Any, vocab: int, runs: tuple[tuple[str, SamplerConfig], ...]
 ) -> dict[str, float]:
@@ -415,6 +470,12 @@ def main(argv: list[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also the cost model on the paper's shapes (7B target, 68M drafter; tiny with --small)",
+    )
+    parser.add_argument(
+        "--counts",
+        type=Path,
+        default=ROOT / "bench" / "forward_counts.json",
+        help="forwards per prompt set and setting, counted on a CPU (bench/draft_rules.py --save-counts)",
     )
     parser.add_argument("--e2e-tokens", type=int, default=128, help="tokens per end-to-end generation")
     parser.add_argument("--reps", type=int, default=5, help="timing repetitions (median)")
@@ -474,6 +535,15 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f" ({seconds / floor:.2f}x the floor)" if floor and path != "floor" else ""
         print(f"  {path}: {seconds * 1e3:.2f}{ratio}")
     ok &= section("end to end", lambda: end_to_end_table(paths, vocab, args.e2e_tokens))
+    if args.counts.is_file():
+        ok &= section(
+            "prompt sets",
+            lambda: prompt_set_predictions(
+                args.counts, static_target, static_drafter, vocab, args.device, args.reps
+            ),
+        )
+    else:
+        print(f"\nprompt sets: no counts at {args.counts} (bench/draft_rules.py --save-counts makes them)")
     if args.paper:
         ok &= section(
             "paper's shapes", lambda: paper_cost_model(args.small, args.device, dtype, args.reps, args.alpha)

@@ -32,6 +32,8 @@ def test_gpu_check_passes_on_cpu_with_tiny_models():
     assert out.count("\n| 8 | ") == 6  # and the paper's shapes (tiny stand-ins here)
     assert "[paper's shapes: tiny stand-ins]" in out
     assert "\n  slab: " in out and "\n  static: " in out  # the step and end-to-end rows
+    # the committed CPU counts (bench/forward_counts.json) priced with this run's cost tables
+    assert "| summaries-mini | default |" in out and "| code-mini | basic-uwm | 1.00 | 1.00x |" in out
     assert "FAILED" not in out and "all checks passed" in out
 
 
