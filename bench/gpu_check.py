@@ -96,6 +96,7 @@ from wmark.generator.drafters.build import build_drafter  # noqa: E402
 from wmark.generator.engine import SamplerConfig, generate  # noqa: E402
 from wmark.generator.models.hf_session import HFModel  # noqa: E402
 from wmark.generator.models.prepare import prepare_model  # noqa: E402
+from wmark.generator.models.session_store import model_logits  # noqa: E402
 from wmark.generator.models.static_cache import FixedCache  # noqa: E402
 from wmark.generator.models.static_forward import StaticPlan  # noqa: E402
 from wmark.prf import seed_uniforms  # noqa: E402
@@ -333,20 +334,9 @@ def graph_floor(lm: HFModel, context: int, reps: int) -> float:
     mask[..., context + 1 :] = torch.finfo(lm.dtype).min
     graphs = CudaGraphs()
 
-    def forward() -> torch.Tensor:
-        out = lm.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{lm.plan.cache_keyword: cache},
-        )
-        logits: torch.Tensor = out.logits
-        return logits
-
     def step() -> None:
         with torch.inference_mode(), lm.plan.running():
-            graphs.run("step", forward)
+            graphs.run("step", lambda: model_logits(lm, cache, ids, mask, positions))
 
     step()
     return _timed(step, "cuda", reps)

@@ -244,27 +244,15 @@ def load_pair(
     eos, threads = _eos_ids(target_model, chat), plan.gemm_threads
     sha = hashlib.sha256(tokenizer_json).hexdigest()
     static = static_plan(device)
+
+    def wrap(model: PreTrainedModel, name: str) -> HFModel:
+        return HFModel(
+            model, eos, name=name, tokenizer_sha256=sha, gemm_threads=threads, static=static
+        )
+
     return ModelPair(
-        target=HFModel(
-            target_model,
-            eos,
-            name=str(target),
-            tokenizer_sha256=sha,
-            gemm_threads=plan.gemm_threads,
-            static=static,
-        ),
-        drafter=(
-            HFModel(
-                draft_model,
-                eos,
-                name=str(drafter),
-                tokenizer_sha256=sha,
-                gemm_threads=plan.gemm_threads,
-                static=static,
-            )
-            if draft_model is not None
-            else None
-        ),
+        target=wrap(target_model, str(target)),
+        drafter=wrap(draft_model, str(drafter)) if draft_model is not None else None,
         chat=chat,
         tokenizer_json=tokenizer_json,
     )

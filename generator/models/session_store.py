@@ -27,7 +27,7 @@ from wmark.generator.models.kv_cache import keep_entries, session_cache
 if TYPE_CHECKING:
     from wmark.generator.models.hf_session import HFModel
 
-__all__ = ["SlabStore", "Store", "additive_mask"]
+__all__ = ["SlabStore", "Store", "additive_mask", "model_logits", "prefill_inputs"]
 
 
 class Store(Protocol):
@@ -62,6 +62,22 @@ def prefill_inputs(count: int, dtype: torch.dtype, device: torch.device) -> tupl
     """(1, 1, n, n) causal mask and (1, n) positions of a prompt prefill of `count` tokens."""
     causal = torch.ones(count, count, dtype=torch.bool).tril()
     return additive_mask(causal, dtype)[None, None].to(device), torch.arange(count, device=device)[None]
+
+
+def model_logits(
+    lm: HFModel, cache: object, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """(1, n, vocab) logits of transformers' forward of `lm` over `cache` (passed under the
+    keyword the installed version takes), the cache extended by the new rows."""
+    out = lm.model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        **{lm.plan.cache_keyword: cache},
+    )
+    logits: torch.Tensor = out.logits
+    return logits
 
 
 class SlabStore:
@@ -103,13 +119,7 @@ class SlabStore:
             if plan.decoder is not None:
                 out = plan.decoder(ids, mask4d, position_ids, self.cache)
             else:
-                out = lm.model(
-                    input_ids=ids,
-                    attention_mask=mask4d,
-                    position_ids=position_ids,
-                    use_cache=True,
-                    **{plan.cache_keyword: self.cache},
-                ).logits
+                out = model_logits(lm, self.cache, ids, mask4d, position_ids)
         return out[0].to(torch.float32)
 
     def keep(self, rows: Sequence[int]) -> None:

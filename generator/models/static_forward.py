@@ -32,7 +32,7 @@ import torch
 from wmark.errors import BackendError
 from wmark.generator.cuda.graphs import CudaGraphs
 from wmark.generator.models.kv_cache import plan_moves
-from wmark.generator.models.session_store import additive_mask, prefill_inputs
+from wmark.generator.models.session_store import additive_mask, model_logits, prefill_inputs
 from wmark.generator.models.static_cache import FixedCache
 
 if TYPE_CHECKING:
@@ -161,7 +161,9 @@ class StaticStore:
         visible = torch.cat([torch.ones(count, committed, dtype=torch.bool), tail], dim=1)
         self.cache.write_index = torch.arange(cached, cached + count, device=lm.device)
         self.cache.read_width = cached + count
-        logits = self._model(
+        logits = model_logits(
+            lm,
+            self.cache,
             torch.tensor([list(inputs)], device=lm.device),
             additive_mask(visible, lm.dtype)[None, None].to(lm.device),
             torch.tensor([list(positions)], device=lm.device),
@@ -195,23 +197,14 @@ class StaticStore:
         def run() -> torch.Tensor:
             # a new view of the mask per call: the row kernel caches its reading of a mask by
             # tensor identity (`cpu.attention.visible_keys`), and this buffer's contents change
-            return self._model(bucket.ints[0:1], bucket.mask.view_as(bucket.mask), bucket.ints[1:2])
+            return model_logits(
+                self.lm, self.cache, bucket.ints[0:1], bucket.mask.view_as(bucket.mask), bucket.ints[1:2]
+            )
 
         if self.graphs is None:
             return run()[0, :count].to(torch.float32)
         output = self.graphs.run(bucket.rows, run)
         return output[0, :count].to(torch.float32, copy=True)  # the next replay overwrites it
-
-    def _model(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        out = self.lm.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self.lm.plan.cache_keyword: self.cache},
-        )
-        logits: torch.Tensor = out.logits
-        return logits
 
     # -- buffers ---------------------------------------------------------------------------
 
