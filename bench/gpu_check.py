@@ -543,13 +543,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def section(name: str, run: Any) -> bool:
-    """Run one check; an exception fails it (printed) and the script goes on."""
+    """Run one check; an exception fails it (printed) and the script goes on. Each section's
+    seconds are printed: the GPU run has a budget, and the next one should know where it went."""
+    start = time.perf_counter()
     try:
         return bool(run())
     except Exception:  # noqa: BLE001 - reported, counted as a failure, the next check runs
         print(f"\n{name}: FAILED with an exception")
         traceback.print_exc(file=sys.stdout)
         return False
+    finally:
+        print(f"[{name}: {time.perf_counter() - start:.1f} s]", flush=True)
 
 
 if __name__ == "__main__":
