@@ -27,7 +27,7 @@ from wmark.generator.models.kv_cache import keep_entries, session_cache
 if TYPE_CHECKING:
     from wmark.generator.models.hf_session import HFModel
 
-__all__ = ["SlabStore", "Store", "additive_mask", "model_logits", "prefill_inputs"]
+__all__ = ["SlabStore", "Store", "additive_mask", "forward_inputs", "model_logits", "prefill_inputs"]
 
 
 class Store(Protocol):
@@ -58,22 +58,47 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
 
 
-def prefill_inputs(count: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1, 1, n, n) causal mask and (1, n) positions of a prompt prefill of `count` tokens."""
-    causal = torch.ones(count, count, dtype=torch.bool).tril()
-    return additive_mask(causal, dtype)[None, None].to(device), torch.arange(count, device=device)[None]
+def prefill_inputs(lm: HFModel, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(1, n) token IDs, (1, 1, n, n) causal mask and (1, n) positions of a prompt prefill of
+    `ids`, on `lm`'s device."""
+    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+    return (
+        torch.tensor([list(ids)], device=lm.device),
+        additive_mask(causal, lm.dtype)[None, None].to(lm.device),
+        torch.arange(len(ids), device=lm.device)[None],
+    )
+
+
+def forward_inputs(
+    lm: HFModel, inputs: Sequence[int], committed: int, tail: torch.Tensor, positions: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(1, n) token IDs, (1, 1, n, cached + n) mask and (1, n) positions of a forward of its own
+    shapes over `inputs` (every row sees the `committed` rows, then its `tail`), on `lm`'s device."""
+    visible = torch.cat([torch.ones(len(inputs), committed, dtype=torch.bool), tail], dim=1)
+    return (
+        torch.tensor([list(inputs)], device=lm.device),
+        additive_mask(visible, lm.dtype)[None, None].to(lm.device),
+        torch.tensor([list(positions)], device=lm.device),
+    )
 
 
 def model_logits(
-    lm: HFModel, cache: object, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
+    lm: HFModel,
+    cache: object,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    logits_to_keep: int = 0,
 ) -> torch.Tensor:
     """(1, n, vocab) logits of transformers' forward of `lm` over `cache` (passed under the
-    keyword the installed version takes), the cache extended by the new rows."""
+    keyword the installed version takes), the cache extended by the new rows; `logits_to_keep`:
+    only the last rows' logits (0: all)."""
     out = lm.model(
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
         use_cache=True,
+        logits_to_keep=logits_to_keep,
         **{lm.plan.cache_keyword: cache},
     )
     logits: torch.Tensor = out.logits
@@ -92,29 +117,18 @@ class SlabStore:
 
     def prefill(self, ids: Sequence[int]) -> None:
         lm, plan = self.lm, self.lm.plan
-        mask4d, positions = prefill_inputs(len(ids), lm.dtype, lm.device)
-        tokens = torch.tensor([list(ids)], device=lm.device)
+        tokens, mask4d, positions = prefill_inputs(lm, ids)
         with plan.running(prefill=True):
             if plan.decoder is not None:
                 plan.decoder.prefill(tokens, mask4d, positions, self.cache)
             else:
-                lm.model(
-                    input_ids=tokens,
-                    attention_mask=mask4d,
-                    position_ids=positions,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **{plan.cache_keyword: self.cache},
-                )
+                model_logits(lm, self.cache, tokens, mask4d, positions, logits_to_keep=1)
 
     def forward(
         self, inputs: Sequence[int], committed: int, tail: torch.Tensor, positions: Sequence[int]
     ) -> torch.Tensor:
         lm, plan = self.lm, self.lm.plan
-        visible = torch.cat([torch.ones(len(inputs), committed, dtype=torch.bool), tail], dim=1)
-        mask4d = additive_mask(visible, lm.dtype)[None, None].to(lm.device)
-        ids = torch.tensor([list(inputs)], device=lm.device)
-        position_ids = torch.tensor([list(positions)], device=lm.device)
+        ids, mask4d, position_ids = forward_inputs(lm, inputs, committed, tail, positions)
         with plan.running():
             if plan.decoder is not None:
                 out = plan.decoder(ids, mask4d, position_ids, self.cache)

@@ -32,7 +32,7 @@ import torch
 from wmark.errors import BackendError
 from wmark.generator.cuda.graphs import CudaGraphs
 from wmark.generator.models.kv_cache import plan_moves
-from wmark.generator.models.session_store import additive_mask, model_logits, prefill_inputs
+from wmark.generator.models.session_store import forward_inputs, model_logits, prefill_inputs
 from wmark.generator.models.static_cache import FixedCache
 
 if TYPE_CHECKING:
@@ -78,7 +78,6 @@ class _Bucket:
     rows: int
     ints: torch.Tensor  # (3, rows) int64: token IDs, positions, cache slots
     mask: torch.Tensor  # (1, 1, rows, capacity) additive
-    scratch: torch.Tensor  # (rows,) int64 on the device: each row's scratch slot
 
 
 class StaticStore:
@@ -119,19 +118,11 @@ class StaticStore:
         """The prompt in one eager forward of its own shapes (run once per session: no graph)."""
         count = len(ids)
         self._room(count)
-        lm, plan = self.lm, self.lm.plan
-        mask4d, positions = prefill_inputs(count, lm.dtype, lm.device)
-        self.cache.write_index = torch.arange(count, device=lm.device)
+        tokens, mask4d, positions = prefill_inputs(self.lm, ids)
+        self.cache.write_index = torch.arange(count, device=self.lm.device)
         self.cache.read_width = count
-        with plan.running(prefill=True):
-            lm.model(
-                input_ids=torch.tensor([list(ids)], device=lm.device),
-                attention_mask=mask4d,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **{plan.cache_keyword: self.cache},
-            )
+        with self.lm.plan.running(prefill=True):
+            model_logits(self.lm, self.cache, tokens, mask4d, positions, logits_to_keep=1)
         self.cache.length = count
 
     def forward(
@@ -159,16 +150,9 @@ class StaticStore:
     ) -> torch.Tensor:
         """A forward of its own shapes: n rows read the cache's first cached + n rows."""
         lm, cached, count = self.lm, self.cache.length, len(inputs)
-        visible = torch.cat([torch.ones(count, committed, dtype=torch.bool), tail], dim=1)
         self.cache.write_index = torch.arange(cached, cached + count, device=lm.device)
         self.cache.read_width = cached + count
-        logits = model_logits(
-            lm,
-            self.cache,
-            torch.tensor([list(inputs)], device=lm.device),
-            additive_mask(visible, lm.dtype)[None, None].to(lm.device),
-            torch.tensor([list(positions)], device=lm.device),
-        )
+        logits = model_logits(lm, self.cache, *forward_inputs(lm, inputs, committed, tail, positions))
         return logits[0].to(torch.float32)
 
     def _padded(
@@ -191,7 +175,7 @@ class StaticStore:
         mask.fill_(torch.finfo(mask.dtype).min)
         mask[:count, :committed] = 0
         mask[:count, committed : cached + count].masked_fill_(tail.to(mask.device), 0)
-        mask[count:].scatter_(1, bucket.scratch[count:, None], 0.0)  # padding rows see themselves
+        mask[count:].scatter_(1, bucket.ints[2, count:, None], 0.0)  # padding rows see their own rows
         self.cache.write_index = bucket.ints[2]
         self.cache.read_width = self.cache.capacity
 
@@ -218,7 +202,6 @@ class StaticStore:
                     rows,
                     torch.zeros(3, rows, dtype=torch.long, device=device),
                     torch.zeros(1, 1, rows, width, dtype=self.lm.dtype, device=device),
-                    self.text_rows + torch.arange(rows, device=device),
                 )
             self._buckets[rows] = bucket
         return bucket
