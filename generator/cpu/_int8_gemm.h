@@ -85,7 +85,14 @@
 #define FAR_AHEAD 192
 WMARK_HIDDEN extern int wmark_far_prefetch; /* 1: FAR_AHEAD into L2, 0: NEAR_AHEAD into L1 (_vnni.c) */
 
-#define AMX_MIN_ROWS 16 /* fewer rows stream the weights once through VNNI as fast */
+/* Quantised rows from which the "amx" build runs 8-bit weights on the tile unit: with two
+ * activation parts a target's verify forward of 2-8 tokens is 4-16 rows, which VNNI computed at
+ * ~1.5 ms a row over the target's GEMMs while tiles take them at the one-row cost (2-core AMX
+ * Xeon, target after 300 tokens, medians of 3 x 30 forwards: 4 tokens 93.1 -> 81.5 ms, 6 tokens
+ * 99.2 -> 82.3 ms with the threshold at 16 -> 4; 8 was in between, 2 slower for one token).
+ * 4-bit weights widen each tile before the tile unit reads it, which pays only over many rows. */
+#define AMX_MIN_ROWS 4
+#define AMX_MIN_ROWS_WIDENED 16
 #define AMX_PANEL_BYTES (768 * 1024) /* quantised rows kept in L2 while a thread's tiles stream by */
 #define AMX_WIDE_BYTES (320 * 1024)  /* 4-bit tiles widened for the tile unit: up to 2,560 groups */
 WMARK_HIDDEN extern atomic_int wmark_wide_failed; /* a thread could not get its widening buffer (_amx.c) */

@@ -1,6 +1,6 @@
 /*
  * _int8_gemm's AMX kernel (see _int8_gemm.h for the module): the "amx" build's blocks of
- * AMX_MIN_ROWS rows or more (a prompt's prefill, wide verify trees) on the tile unit of Intel
+ * AMX_MIN_ROWS rows or more (a prompt's prefill, verify trees) on the tile unit of Intel
  * CPUs from Sapphire Rapids on, 8-bit weights and 4-bit (widened to 8 bits a tile at a time),
  * and the grant of the tile state from Linux. tdpbssd multiplies signed bytes directly, so the
  * sums are exact, as in every build. Built for baseline x86-64 but for its functions'

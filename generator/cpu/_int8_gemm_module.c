@@ -180,11 +180,12 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         goto done;
     }
     {
-        /* the "amx" build runs blocks of AMX_MIN_ROWS rows or more, over whole 64-column chunks
-         * (4-bit weights: up to AMX_WIDE_BYTES widened), on the tile unit, and everything else as
-         * avx512vnni */
+        /* the "amx" build runs blocks of AMX_MIN_ROWS rows or more (4-bit weights: of
+         * AMX_MIN_ROWS_WIDENED, up to AMX_WIDE_BYTES widened), over whole 64-column chunks, on the
+         * tile unit, and everything else as avx512vnni */
         const Py_ssize_t qm = residual ? 2 * m : m; /* quantised rows the GEMM multiplies */
-        const int tiles = active_backend == AMX && qm >= AMX_MIN_ROWS && groups % 16 == 0 &&
+        const int tiles = active_backend == AMX && qm >= (nibbles ? AMX_MIN_ROWS_WIDENED : AMX_MIN_ROWS) &&
+                          groups % 16 == 0 &&
                           (!nibbles || groups * GROUP <= AMX_WIDE_BYTES);
         int backend = tiles ? AMX_TILES : active_backend == AMX ? AVX512VNNI : active_backend;
         if (nibbles && backend == AVX2) backend = PORTABLE; /* 4-bit weights: VNNI or portable */

@@ -1,10 +1,10 @@
 /*
  * _int8_gemm's AVX-512 VNNI kernel (see _int8_gemm.h for the module): the "avx512vnni" build's
  * tiles, 8-bit weights (linear) and 4-bit (linear4: the same loop, the nibbles unpacked into the
- * same registers), and the "amx" build's blocks of fewer than AMX_MIN_ROWS rows. vpdpbusd
- * multiplies the unsigned activations q + 128 (the job's aux) by the signed weights; the
- * epilogue takes 128 x (the channel's weight sum) off again, so the sums are exact, as in every
- * build. Built for baseline x86-64 but for its functions' target(VNNI_TARGET): it runs only
+ * same registers), and the "amx" build's blocks of fewer than AMX_MIN_ROWS rows (4-bit:
+ * AMX_MIN_ROWS_WIDENED). vpdpbusd multiplies the unsigned activations q + 128 (the job's aux) by
+ * the signed weights; the epilogue takes 128 x (the channel's weight sum) off again, so the sums
+ * are exact, as in every build. Built for baseline x86-64 but for its functions' target(VNNI_TARGET): it runs only
  * where PyInit__int8_gemm found AVX-512 F, BW, VL and VNNI.
  */
 #include "_int8_gemm.h"

@@ -61,11 +61,11 @@ def test_rows_alone_equal_rows_in_any_batch(backend):
 
 
 def test_blocks_on_the_tile_unit_equal_rows_alone(backend):
-    """Widths that are whole 64-column chunks and 16 rows or more run on AMX tiles under the
-    "amx" build (the other builds run them as any block): row blocks of 32 and 16, zero rows
-    padding the last tile, channels past a tile's end, and (8,960 columns: panels of 64 rows) a
-    block that spans two panels."""
-    for inp, counts in ((128, (16, 17, 31, 32, 33, 48, 49)), (8960, (100,))):
+    """Widths that are whole 64-column chunks and 4 rows or more run on AMX tiles under the
+    "amx" build (the other builds run them as any block): row blocks of 32 and 16, a tile of
+    4-15 rows and zero rows padding it, channels past a tile's end, and (8,960 columns: panels
+    of 64 rows) a block that spans two panels."""
+    for inp, counts in ((128, (4, 5, 15, 16, 17, 31, 32, 33, 48, 49)), (8960, (100,))):
         layer = _layer(11, out=70, inp=inp)
         x = _rows(12, max(counts), inp)
         alone = torch.cat([layer(x[i : i + 1]) for i in range(max(counts))])  # one row: never tiles
