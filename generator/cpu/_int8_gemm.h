@@ -116,10 +116,11 @@ typedef struct {
     const int8_t *q;        /* (m, 4 groups) quantised rows, signed, zero-padded (AMX: to 16 rows) */
     const uint8_t *aux;     /* (m, 4 groups): q + 128 (avx512vnni) or |q| (avx2); else NULL */
     const float *rowscale;  /* (m) peak / 127 */
-    float *out;             /* (m, n) */
+    float *out;             /* (m, n), or (m / 2, n) where paired */
     Py_ssize_t m, n, groups;
     int backend;
     int nibbles; /* 4-bit weights (linear4): GROUP4 bytes a group */
+    int paired;  /* a residual call: quantised rows 2r and 2r + 1 are one output row (see add_pair) */
     const struct rows_job *rows; /* non-NULL: the call's rows phase (its chunks are rows), not tiles */
     wmark_units_fn each;         /* non-NULL: another kernel's m units (`parallel_for`), not tiles */
     void *ctx;                   /* ... and its argument */
@@ -131,7 +132,7 @@ enum prologue { PLAIN = 0, RMS_NORM = 1, SWIGLU = 2 };
 /* A call's rows phase: each row of x through the prologue (if any), then quantised. With
  * `residual`, input row r becomes two quantised rows: 2r, the row itself, and 2r + 1, what its
  * quantisation left (the row minus q * peak / 127), quantised with its own peak; the GEMM runs
- * over both and the call adds their outputs. */
+ * over both and its epilogue adds their outputs (add_pair). */
 typedef struct rows_job {
     const float *x;     /* (m, k), or (m, 2k) for SWIGLU */
     const float *norm;  /* (k): RMS_NORM's weight */
@@ -150,6 +151,17 @@ static inline float finish(int32_t sum, float scale, float rowscale, const float
     float f = (float)sum;
     f = f * scale;
     f = f * rowscale;
+    if (bias != NULL) f = f + bias[c];
+    return f;
+}
+
+/* A residual call's output row r is (quantised row 2r's output + row 2r + 1's) + bias, in that
+ * order (every build's bits): each kernel's epilogue computes a pair's rows one after the other
+ * (its row blocks start at even rows and hold whole pairs, as m is even), keeping the first,
+ * and stores their sum, so the two parts' outputs are never written out. Portable form:
+ * `hi` and `lo` are finish() without the bias. */
+static inline float add_pair(float hi, float lo, const float *bias, Py_ssize_t c) {
+    float f = hi + lo;
     if (bias != NULL) f = f + bias[c];
     return f;
 }

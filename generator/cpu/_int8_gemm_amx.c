@@ -35,7 +35,7 @@ typedef struct {
 } tile_config_t;
 
 /* Scale 16 x 32 sums (a row stride of 32) into the output, as block_vnni (_int8_gemm_vnni.c)
- * does (no offset: tdpbssd multiplies the signed bytes themselves). */
+ * does (no offset: tdpbssd multiplies the signed bytes themselves), pairs added where paired. */
 __attribute__((target(VNNI_TARGET))) static void finish_amx(const job_t *job, const int32_t *sums, Py_ssize_t t,
                                                             Py_ssize_t r0, int rows) {
     for (int h = 0; h < 2; h++) {
@@ -45,12 +45,20 @@ __attribute__((target(VNNI_TARGET))) static void finish_amx(const job_t *job, co
         const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
         const __m512 scale = _mm512_maskz_loadu_ps(keep, job->scale + c);
         const __m512 bias = job->bias != NULL ? _mm512_maskz_loadu_ps(keep, job->bias + c) : _mm512_setzero_ps();
+        __m512 held = _mm512_setzero_ps(); /* a pair's first row (paired: r0 and rows are even) */
         for (int r = 0; r < rows; r++) {
             __m512 f = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(sums + r * TILE + 16 * h)));
             f = _mm512_mul_ps(f, scale);
             f = _mm512_mul_ps(f, _mm512_set1_ps(job->rowscale[r0 + r]));
+            if (job->paired) {
+                if (r % 2 == 0) {
+                    held = f;
+                    continue;
+                }
+                f = _mm512_add_ps(held, f);
+            }
             if (job->bias != NULL) f = _mm512_add_ps(f, bias);
-            _mm512_mask_storeu_ps(job->out + (r0 + r) * job->n + c, keep, f);
+            _mm512_mask_storeu_ps(job->out + ((r0 + r) >> job->paired) * job->n + c, keep, f);
         }
     }
 }

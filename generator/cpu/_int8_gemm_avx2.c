@@ -45,14 +45,23 @@ __attribute__((target("avx2"), always_inline)) static inline void half_avx2(cons
     }
     const __m256i acc[ROWS_256][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
     const Py_ssize_t c0 = t * TILE + half * 16;
+    float held[16]; /* a pair's first row (paired jobs: blocks start at even rows) */
     for (int r = 0; r < rows; r++) {
         int32_t sums[16];
         _mm256_storeu_si256((__m256i *)sums, acc[r][0]);
         _mm256_storeu_si256((__m256i *)(sums + 8), acc[r][1]);
-        float *out = job->out + (r0 + r) * job->n;
         const float rs = job->rowscale[r0 + r];
-        for (int j = 0; j < 16 && c0 + j < job->n; j++)
-            out[c0 + j] = finish(sums[j], job->scale[c0 + j], rs, job->bias, c0 + j);
+        if (!job->paired) {
+            float *out = job->out + (r0 + r) * job->n;
+            for (int j = 0; j < 16 && c0 + j < job->n; j++)
+                out[c0 + j] = finish(sums[j], job->scale[c0 + j], rs, job->bias, c0 + j);
+        } else if (r % 2 == 0) {
+            for (int j = 0; j < 16 && c0 + j < job->n; j++) held[j] = finish(sums[j], job->scale[c0 + j], rs, NULL, c0 + j);
+        } else {
+            float *out = job->out + (r0 + r) / 2 * job->n;
+            for (int j = 0; j < 16 && c0 + j < job->n; j++)
+                out[c0 + j] = add_pair(held[j], finish(sums[j], job->scale[c0 + j], rs, NULL, c0 + j), job->bias, c0 + j);
+        }
     }
 }
 

@@ -125,29 +125,6 @@ static PyObject *unpack(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* A residual call's outputs: out row r = (quantised row 2r's output + row 2r + 1's) + bias, in
- * that order (every build's bits), rows first .. last; on the pool, as a prefill's (m x n) sums
- * read and write more memory than a thread streams alone (one thread: ~12 % of a 250-token
- * target prefill on a 2-core AMX Xeon, perf). */
-typedef struct {
-    const float *pairs; /* (2m, n) */
-    const float *bias;  /* (n) or NULL */
-    float *out;         /* (m, n) */
-    Py_ssize_t n;
-} pairs_job_t;
-
-static void add_pairs(void *ctx, Py_ssize_t first, Py_ssize_t last) {
-    const pairs_job_t *job = ctx;
-    const Py_ssize_t n = job->n;
-    for (Py_ssize_t r = first; r < last; r++) {
-        const float *hi = job->pairs + 2 * r * n, *lo = hi + n;
-        float *o = job->out + r * n;
-        for (Py_ssize_t c = 0; c < n; c++) o[c] = hi[c] + lo[c];
-        if (job->bias != NULL)
-            for (Py_ssize_t c = 0; c < n; c++) o[c] += job->bias[c];
-    }
-}
-
 PyDoc_STRVAR(linear_doc,
              "linear(x, packed, colsum, scale, bias, out, m, n, k, threads[, prologue, norm, eps, residual])\n\n"
              "out = the exact int8 linear layer of x: float32 (m, k) rows, each quantised with its own\n"
@@ -219,23 +196,24 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         float *rowscale = malloc((size_t)qm * sizeof(float));
         float *h = prologue == PLAIN ? NULL : malloc((size_t)(m * k) * sizeof(float));
         float *res = residual ? malloc((size_t)(m * k) * sizeof(float)) : NULL;
-        float *pairs = residual ? malloc((size_t)(qm * n) * sizeof(float)) : NULL; /* both rows' outputs */
         if (q == NULL || rowscale == NULL || (backend != PORTABLE && !tiles && aux == NULL) ||
-            (prologue != PLAIN && h == NULL) || (residual && (res == NULL || pairs == NULL))) {
+            (prologue != PLAIN && h == NULL) || (residual && res == NULL)) {
             free(q);
             free(aux);
             free(rowscale);
             free(h);
             free(res);
-            free(pairs);
             PyErr_NoMemory();
             goto done;
         }
         const float *bias = has_bias ? views[4].buf : NULL;
         const rows_job_t rows_job = {views[0].buf, norm_view.buf, eps, h, prologue, rounding, k, kp, q, aux, rowscale,
                                      res};
-        job_t job = {views[1].buf, views[2].buf, views[3].buf, residual ? NULL : bias, q, aux, rowscale,
-                     residual ? pairs : views[5].buf, qm, n, groups, backend, nibbles, NULL, NULL, NULL};
+        /* a residual call's quantised rows 2r and 2r + 1 are added into out row r by the tiles'
+         * epilogue (add_pair in _int8_gemm.h): the two parts' outputs are never stored */
+        job_t job = {.packed = views[1].buf, .colsum = views[2].buf, .scale = views[3].buf, .bias = bias,
+                     .q = q, .aux = aux, .rowscale = rowscale, .out = views[5].buf, .m = qm, .n = n,
+                     .groups = groups, .backend = backend, .nibbles = nibbles, .paired = residual};
         job_t rows_phase = job;
         rows_phase.rows = &rows_job;
         rows_phase.m = m; /* its units are the input rows (a residual's two quantised rows are one unit) */
@@ -247,11 +225,6 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         wmark_run_job(&rows_phase, m * k >= PARALLEL_ROWS_ELEMENTS ? threads : 1);
         wmark_run_job(&job, threads);
         failed = tiles && nibbles && atomic_exchange(&wmark_wide_failed, 0);
-        if (residual) {
-            pairs_job_t sums = {pairs, bias, views[5].buf, n};
-            const job_t pairs_phase = {.m = m, .each = add_pairs, .ctx = &sums};
-            wmark_run_job(&pairs_phase, m * n >= PARALLEL_ROWS_ELEMENTS ? threads : 1);
-        }
         wmark_pool_unlock();
         Py_END_ALLOW_THREADS;
         free(q);
@@ -259,7 +232,6 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         free(rowscale);
         free(h);
         free(res);
-        free(pairs);
         if (failed) {
             PyErr_NoMemory();
             goto done;

@@ -8,9 +8,26 @@
  */
 #include "_int8_gemm.h"
 
+/* Quantised row r's sums for tile t into the output: its own row, or where the job is paired
+ * the first of a pair kept in `held` and the second added to it (add_pair). */
+static void store_row(const job_t *job, Py_ssize_t t, Py_ssize_t r, const int32_t *sums, float *held) {
+    const Py_ssize_t c0 = t * TILE;
+    const float rs = job->rowscale[r];
+    for (int j = 0; j < TILE && c0 + j < job->n; j++) {
+        const Py_ssize_t c = c0 + j;
+        if (!job->paired)
+            job->out[r * job->n + c] = finish(sums[j], job->scale[c], rs, job->bias, c);
+        else if (r % 2 == 0)
+            held[j] = finish(sums[j], job->scale[c], rs, NULL, c);
+        else
+            job->out[r / 2 * job->n + c] = add_pair(held[j], finish(sums[j], job->scale[c], rs, NULL, c), job->bias, c);
+    }
+}
+
 static void tile_portable(const job_t *job, Py_ssize_t t) {
     const uint8_t *w = job->packed + t * job->groups * GROUP;
-    const Py_ssize_t c0 = t * TILE, kp = job->groups * 4;
+    const Py_ssize_t kp = job->groups * 4;
+    float held[TILE];
     for (Py_ssize_t r = 0; r < job->m; r++) {
         const int8_t *a = job->q + r * kp;
         int32_t sums[TILE] = {0};
@@ -20,8 +37,7 @@ static void tile_portable(const job_t *job, Py_ssize_t t) {
             for (int j = 0; j < TILE; j++)
                 sums[j] += ag[0] * wg[4 * j] + ag[1] * wg[4 * j + 1] + ag[2] * wg[4 * j + 2] + ag[3] * wg[4 * j + 3];
         }
-        for (int j = 0; j < TILE && c0 + j < job->n; j++)
-            job->out[r * job->n + c0 + j] = finish(sums[j], job->scale[c0 + j], job->rowscale[r], job->bias, c0 + j);
+        store_row(job, t, r, sums, held);
     }
 }
 
@@ -32,7 +48,8 @@ static inline int nibble(const uint8_t *group, int p) {
 
 static void tile_portable4(const job_t *job, Py_ssize_t t) {
     const uint8_t *w = job->packed + t * job->groups * GROUP4;
-    const Py_ssize_t c0 = t * TILE, kp = job->groups * 4;
+    const Py_ssize_t kp = job->groups * 4;
+    float held[TILE];
     for (Py_ssize_t r = 0; r < job->m; r++) {
         const int8_t *a = job->q + r * kp;
         int32_t sums[TILE] = {0};
@@ -42,8 +59,7 @@ static void tile_portable4(const job_t *job, Py_ssize_t t) {
             for (int j = 0; j < TILE; j++)
                 for (int i = 0; i < 4; i++) sums[j] += ag[i] * nibble(wg, 4 * j + i);
         }
-        for (int j = 0; j < TILE && c0 + j < job->n; j++)
-            job->out[r * job->n + c0 + j] = finish(sums[j], job->scale[c0 + j], job->rowscale[r], job->bias, c0 + j);
+        store_row(job, t, r, sums, held);
     }
 }
 

@@ -74,12 +74,20 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void block_vnn
         const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(job->colsum + c)), 7);
         const __m512 scale = _mm512_maskz_loadu_ps(keep, job->scale + c);
         const __m512 bias = job->bias != NULL ? _mm512_maskz_loadu_ps(keep, job->bias + c) : _mm512_setzero_ps();
+        __m512 held = _mm512_setzero_ps(); /* a pair's first row (paired: r0 and rows are even) */
         for (int r = 0; r < rows; r++) {
             __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][h], offset));
             f = _mm512_mul_ps(f, scale);
             f = _mm512_mul_ps(f, _mm512_set1_ps(job->rowscale[r0 + r]));
+            if (job->paired) {
+                if (r % 2 == 0) {
+                    held = f;
+                    continue;
+                }
+                f = _mm512_add_ps(held, f);
+            }
             if (job->bias != NULL) f = _mm512_add_ps(f, bias);
-            _mm512_mask_storeu_ps(job->out + (r0 + r) * job->n + c, keep, f);
+            _mm512_mask_storeu_ps(job->out + ((r0 + r) >> job->paired) * job->n + c, keep, f);
         }
     }
 }

@@ -93,16 +93,16 @@ def test_every_build_gives_the_same_bits():
         _int8_gemm.use_backend(BACKENDS[0])
 
 
-def test_a_large_call_adds_its_two_parts_on_the_pool_with_the_same_bits(backend):
-    """From 16,384 outputs (30 rows x 700 channels here) the two parts' outputs are added on the
-    pool's threads, rows split between them: every row once, the same bits at any thread count."""
+def test_a_call_split_across_threads_adds_each_pair_once_with_the_same_bits(backend):
+    """The tiles' epilogue adds a row's two parts (no (2m, n) buffer of both outputs): with the
+    channels split between threads, every output once, the same bits at any thread count."""
     layer = _layer(8, out=700, inp=128)
     x = _heavy_rows(9, 30, 128)
     expected = _reference(layer, x)
     for count in (1, 2, 3, 7, 2):
         with gemm_threads_for(count):
             assert torch.equal(layer(x), expected), (backend, count)
-            assert torch.equal(layer(x[:3]), expected[:3]), (backend, count)  # 2,100: one thread
+            assert torch.equal(layer(x[:3]), expected[:3]), (backend, count)
 
 
 def test_two_parts_take_heavy_tailed_rows_near_the_float_product():
