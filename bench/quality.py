@@ -27,15 +27,20 @@ sets (the first `--limit` prompts of each), written by the default model (`basic
 the prompt's index) and scored after the chat-templated prompt.
 
 Per row and texts: mean, 99th percentile and worst KL(float32 || row) in nats per position, the
-perplexity ratio (row / float32, on the texts' own next tokens), top-1 agreement, and the share of
-positions where float32's most likely token is outside the row's top 50 (the default `top_k`:
-the row could never emit the float model's choice there).
+perplexity ratio (row / float32, on the texts' own next tokens) with its 95 % interval, top-1
+agreement, and the share of positions where float32's most likely token is outside the row's top
+50 (the default `top_k`: the row could never emit the float model's choice there). The interval
+resamples whole texts (a text's positions move together: one odd document shifts all of its
+own), 2,000 times with a fixed seed, and takes the 2.5th and 97.5th percentiles of the ratio.
+`--row NAME` (repeated) scores only the rows named (the float32 reference always runs): more
+documents for one row in the same time.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -61,6 +66,20 @@ from wmark.generator.models.smoothing import calibration_ids
 
 SETS = ("summaries-mini", "code-mini", "eli5-mini")
 TOP_K = 50  # the default SamplerConfig.top_k
+RESAMPLES = 2000  # bootstrap draws of the perplexity ratio's interval
+ROWS = (
+    "int8 (default)",
+    "int8, one part",
+    "int8 before",
+    "drafter (default)",
+    "drafter, smoothed",
+    "drafter before",
+)
+DRAFTS_FOR = {  # a drafter row's overlap is with the target row it drafts for
+    "drafter (default)": "int8 (default)",
+    "drafter, smoothed": "int8 (default)",
+    "drafter before": "int8 before",
+}
 
 
 @dataclass
@@ -82,9 +101,12 @@ class Row:
     top1: list[bool] = field(default_factory=list)
     outside: list[bool] = field(default_factory=list)
     overlap: list[float] = field(default_factory=list)
+    text: list[int] = field(default_factory=list)  # the index of each position's text
 
-    def add(self, ref: torch.Tensor, other: torch.Tensor, targets: torch.Tensor) -> None:
-        """`ref`, `other`: log-probabilities (positions x vocabulary, float64) of the next token."""
+    def add(self, ref: torch.Tensor, other: torch.Tensor, targets: torch.Tensor, text: int) -> None:
+        """`ref`, `other`: log-probabilities (positions x vocabulary, float64) of the next token
+        at the positions of text number `text`."""
+        self.text += [text] * len(targets)
         self.kl += (ref.exp() * (ref - other)).sum(-1).tolist()
         self.nll += (-other.gather(1, targets[:, None])[:, 0]).tolist()
         self.reference_nll += (-ref.gather(1, targets[:, None])[:, 0]).tolist()
@@ -97,16 +119,28 @@ class Row:
             return " | ".join([""] * 6 + [f"{np.mean(self.overlap):.3f}"])
         kl = np.array(self.kl)
         ratio = float(np.exp(np.mean(self.nll) - np.mean(self.reference_nll)))
+        low, high = self.ratio_interval()
         cells = [
             f"{kl.mean():.4f}",
             f"{np.percentile(kl, 99):.4f}",
             f"{kl.max():.3f}",
-            f"{ratio:.4f}",
+            f"{ratio:.4f} [{low:.4f}, {high:.4f}]",
             f"{np.mean(self.top1):.2%}",
             f"{np.mean(self.outside):.2%}",
             f"{np.mean(self.overlap):.3f}" if self.overlap else "",
         ]
         return " | ".join(cells)
+
+    def ratio_interval(self, draws: int = RESAMPLES) -> tuple[float, float]:
+        """The perplexity ratio's 95 % interval, resampling whole texts (see the module)."""
+        texts = np.array(self.text)
+        gap = np.array(self.nll) - np.array(self.reference_nll)
+        ids = np.unique(texts)
+        sums = np.array([gap[texts == i].sum() for i in ids])
+        counts = np.array([(texts == i).sum() for i in ids])
+        picks = np.random.default_rng(0).integers(0, len(ids), size=(draws, len(ids)))
+        ratios = np.exp(sums[picks].sum(1) / counts[picks].sum(1))
+        return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
 def log_probs(model: HFModel, text: Text) -> torch.Tensor:
@@ -188,35 +222,39 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=4, help="prompts of each built-in set (x3 sets)")
     parser.add_argument("--answer-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--row", action="append", choices=ROWS, help="a row to score (repeat it; default: every row)"
+    )
     args = parser.parse_args()
+    chosen = args.row or list(ROWS)
+    for name in chosen:
+        if DRAFTS_FOR.get(name, name) not in chosen:
+            parser.error(f"{name!r} is scored against {DRAFTS_FOR[name]!r}: add --row {DRAFTS_FOR[name]!r}")
     start = time.perf_counter()
 
     pair = load_pair("embedded", "embedded", precision="int8", threads=args.threads)  # as generation loads
     assert pair.drafter is not None
     tokenizer = TextTokenizer(pair.tokenizer_json, "qwen2.5-coder")
     texts = human_texts(args.docs, args.doc_tokens, tokenizer)
-    texts += answer_texts(pair, args.limit, args.answer_tokens, tokenizer)
+    if args.limit > 0:
+        texts += answer_texts(pair, args.limit, args.answer_tokens, tokenizer)
     print(f"texts ready ({time.perf_counter() - start:.0f} s)", flush=True)
 
     rows: dict[tuple[str, str], Row] = {}
-    target_float, drafter_float = prepare(TARGET, weights="float32"), prepare(DRAFTER, weights="float32")
-    before = _unsmoothed(target_float)
+    target_float = prepare(TARGET, weights="float32")
+    drafter_float = functools.cache(lambda: prepare(DRAFTER, weights="float32"))  # only for its rows
+    before = functools.cache(lambda: _unsmoothed(target_float))
     models: dict[str, Callable[[], HFModel]] = {
         "int8 (default)": lambda: pair.target,
         "int8, one part": lambda: HFModel(_one_part(copy.deepcopy(pair.target.model)), frozenset()),
-        "int8 before": lambda: before,
+        "int8 before": before,
         "drafter (default)": lambda: _as_drafter(pair.drafter, pair.target),
-        "drafter, smoothed": lambda: _as_drafter(_smoothed(drafter_float), pair.target),
-        "drafter before": lambda: _as_drafter(_unsmoothed(drafter_float), before),
+        "drafter, smoothed": lambda: _as_drafter(_smoothed(drafter_float()), pair.target),
+        "drafter before": lambda: _as_drafter(_unsmoothed(drafter_float()), before()),
     }
-    # the drafter's overlap is with the target it drafts for
-    drafts_for = {
-        "drafter (default)": "int8 (default)",
-        "drafter, smoothed": "int8 (default)",
-        "drafter before": "int8 before",
-    }
+    assert set(models) == set(ROWS)
     reference = _float_model(target_float)
-    loaded = {name: make() for name, make in models.items()}
+    loaded = {name: models[name]() for name in ROWS if name in chosen}
     print(f"models loaded ({time.perf_counter() - start:.0f} s)", flush=True)
     for n, text in enumerate(texts):
         targets = torch.tensor(text.tokens)
@@ -224,15 +262,15 @@ def main() -> None:
         found = {name: log_probs(model, text) for name, model in loaded.items()}
         for name, lp in found.items():
             row = rows.setdefault((text.corpus, name), Row())
-            if name not in drafts_for:
-                row.add(ref, lp, targets)
+            if name not in DRAFTS_FOR:
+                row.add(ref, lp, targets, n)
             else:
-                row.overlap += torch.minimum(found[drafts_for[name]].exp(), lp.exp()).sum(-1).tolist()
+                row.overlap += torch.minimum(found[DRAFTS_FOR[name]].exp(), lp.exp()).sum(-1).tolist()
         print(f"  text {n + 1}/{len(texts)} ({text.corpus}, {len(text.tokens)} positions)", flush=True)
 
     print(f"\n{len(texts)} texts, {time.perf_counter() - start:.0f} s; threads {args.threads}\n")
     print(
-        "| texts | row | positions | mean KL | p99 KL | worst KL | ppl ratio | top-1 "
+        "| texts | row | positions | mean KL | p99 KL | worst KL | ppl ratio [95 % interval] | top-1 "
         "| fp32 argmax outside top-50 | draft overlap |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
