@@ -162,7 +162,14 @@ class _Run:
     def _submit(self, part: _Part, *, alone: bool = False) -> None:
         part.generation = self.executor.generation
         part.alone = alone
-        self.in_flight[self.executor.submit(part.work)] = part
+        try:
+            future = self.executor.submit(part.work)
+        except BrokenProcessPool as exc:
+            # a worker died since the last collect: the pool refuses new work outright instead
+            # of failing its futures, so the part fails here as it would have there
+            self._failed(part, exc)
+            return
+        self.in_flight[future] = part
 
     def _finish(self, part: _Part, rows: Sequence[ScanRow]) -> None:
         found = part.task.found

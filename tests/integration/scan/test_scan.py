@@ -323,6 +323,59 @@ def test_failed_batches_run_again_alone_and_split_until_the_failing_document_is_
     assert executor.restarts >= 1
 
 
+class _BreakingExecutor(_FlakyExecutor):
+    """A fake executor whose pool breaks after `healthy` batches: from then until `restart`,
+    `submit` raises BrokenProcessPool itself (as ProcessPoolExecutor does once it has noticed a
+    dead worker) and the batches it held fail with it."""
+
+    def __init__(self, config: WorkerConfig, healthy: int) -> None:
+        super().__init__(config)
+        self.healthy = healthy
+        self.held: dict[cf.Future, Batch] = {}
+
+    def submit(self, batch: Batch) -> cf.Future:
+        if self.healthy == 0:
+            for future in self.held:
+                if not future.done():
+                    future.set_exception(cf.process.BrokenProcessPool("a worker died"))
+            raise cf.process.BrokenProcessPool("a child process terminated abruptly")
+        self.healthy -= 1
+        future: cf.Future = cf.Future()
+        self.held[future] = batch  # finishes on the next wait, unless the pool breaks first
+        return future
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> list[Any]:  # noqa: ARG002
+        for future in futures:
+            if not future.done():
+                future.set_result(detect_batch(self.localizer, self.alpha, self.held[future]))
+        return list(futures)
+
+    def restart(self) -> None:
+        super().restart()
+        self.healthy = -1  # healthy for good
+
+
+def test_a_pool_that_refuses_new_work_is_restarted_and_nothing_is_lost(
+    tmp_path, word_key, word_tokenizer_json
+):
+    """Submitting to a pool whose worker was killed between two collects raises at once (no
+    future to fail): the scan restarts the pool and runs the refused batch again, as it does
+    the batches the pool held (the race that a killed worker in a real pool can hit)."""
+    rng = np.random.default_rng(4)
+    docs = [Document("mem", f"row:{i}", _human(rng), None, 10) for i in range(20)]
+    config = _config(word_key, word_tokenizer_json)
+    executor = _BreakingExecutor(config, healthy=2)
+    journal = Journal.open(tmp_path / "out.jsonl", settings={})
+    try:
+        summary = run_scan(iter(docs), journal=journal, executor=executor, batch_docs=5)
+    finally:
+        journal.close()
+    rows = _jsonl(tmp_path / "out.jsonl")
+    assert [r["doc_id"] for r in rows] == [f"row:{i}" for i in range(20)]
+    assert summary.by_verdict == {"not_detected": 20}
+    assert executor.restarts == 1
+
+
 def test_a_killed_pool_worker_is_replaced_and_nothing_is_lost(
     corpus, tmp_path, word_key, word_tokenizer_json
 ):
