@@ -299,20 +299,24 @@ class _FlakyExecutor:
         pass
 
 
+def _run_batches_of_5(tmp_path, docs: list[Document], executor) -> tuple[Any, list[dict]]:  # noqa: ANN001
+    """`docs` scanned on a fake `executor` in batches of 5 into a new journal: the summary and rows."""
+    journal = Journal.open(tmp_path / "out.jsonl", settings={})
+    try:
+        summary = run_scan(iter(docs), journal=journal, executor=executor, batch_docs=5)
+    finally:
+        journal.close()
+    return summary, _jsonl(tmp_path / "out.jsonl")
+
+
 def test_failed_batches_run_again_alone_and_split_until_the_failing_document_is_alone(
     tmp_path, word_key, word_tokenizer_json
 ):
     rng = np.random.default_rng(3)
     docs = [Document("mem", f"row:{i}", _human(rng), None, 10) for i in range(20)]
     docs[13] = Document("mem", "row:13", "poison", None, 10)
-    config = _config(word_key, word_tokenizer_json)
-    executor = _FlakyExecutor(config)
-    journal = Journal.open(tmp_path / "out.jsonl", settings={})
-    try:
-        summary = run_scan(iter(docs), journal=journal, executor=executor, batch_docs=5)
-    finally:
-        journal.close()
-    rows = _jsonl(tmp_path / "out.jsonl")
+    executor = _FlakyExecutor(_config(word_key, word_tokenizer_json))
+    summary, rows = _run_batches_of_5(tmp_path, docs, executor)
     assert [r["doc_id"] for r in rows] == [f"row:{i}" for i in range(20)]
     failed = [r["doc_id"] for r in rows if r["verdict"] == "error"]
     # every batch fails on its first try and runs again alone; row:13's (10-14) fails alone too,
@@ -363,14 +367,8 @@ def test_a_pool_that_refuses_new_work_is_restarted_and_nothing_is_lost(
     the batches the pool held (the race that a killed worker in a real pool can hit)."""
     rng = np.random.default_rng(4)
     docs = [Document("mem", f"row:{i}", _human(rng), None, 10) for i in range(20)]
-    config = _config(word_key, word_tokenizer_json)
-    executor = _BreakingExecutor(config, healthy=2)
-    journal = Journal.open(tmp_path / "out.jsonl", settings={})
-    try:
-        summary = run_scan(iter(docs), journal=journal, executor=executor, batch_docs=5)
-    finally:
-        journal.close()
-    rows = _jsonl(tmp_path / "out.jsonl")
+    executor = _BreakingExecutor(_config(word_key, word_tokenizer_json), healthy=2)
+    summary, rows = _run_batches_of_5(tmp_path, docs, executor)
     assert [r["doc_id"] for r in rows] == [f"row:{i}" for i in range(20)]
     assert summary.by_verdict == {"not_detected": 20}
     assert executor.restarts == 1
