@@ -6,7 +6,8 @@ larger than the rest, so one scale per row leaves every other channel a handful 
 the embedded target that made the int8 model a 4-bit-class loss away from the float one
 (BENCHMARKS.md, "Quality"). A target's activations now also go in two int8 parts
 (`RowInt8Linear.residual`), which takes the outliers themselves; smoothing stays for the weights,
-whose per-channel int8 rounding a low strength (`ALPHA`) evens out across columns.
+whose per-channel int8 rounding a low strength (`ALPHA`; `ALPHA_OUTPUT` for the attention
+output projection) evens out across columns.
 
 What (SmoothQuant: Xiao et al., ICML 2023): each input channel j of a linear layer gets a factor
 s_j = peak_x(j)^ALPHA / peak_w(j)^(1 - ALPHA), from the channel's peak activation on a fixed
@@ -48,7 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ALPHA", "VERSION", "Smoothing", "calibration_ids", "measure", "smooth_model"]
+__all__ = ["ALPHA", "ALPHA_OUTPUT", "VERSION", "Smoothing", "calibration_ids", "measure", "smooth_model"]
 
 ALPHA = 0.25
 """How much of an activation outlier moves into the weights (SmoothQuant's migration strength).
@@ -58,8 +59,14 @@ per-channel int8 weights take best. Measured by fake quantisation on human text 
 float32): 0 -> 0.0054, 0.1 -> 0.0022, 0.25 -> 0.0010, 0.5 -> 0.0023 (BENCHMARKS.md, "Quality"; 0.5
 was best while activations had one 8-bit part)."""
 
-VERSION = "smoothquant-a0.25-cal1"
-"""Names the smoothing (its rule, ALPHA and calibration text) in the int8 caches it shaped: a cache
+ALPHA_OUTPUT = 0.5
+"""The strength of the attention output projection's factors (folded into v_proj's rows). Measured
+by the same fake quantisation on 24 human documents, with every other layer at `ALPHA`: 0.25 ->
+mean KL 0.00116, p99 0.0163, worst 0.059, perplexity ratio 1.0032; 0.5 -> 0.00110, 0.0152,
+0.046, 1.0020 (BENCHMARKS.md, "Quality")."""
+
+VERSION = "smoothquant-a0.25-o0.5-cal1"
+"""Names the smoothing (its rule, strengths and calibration text) in the int8 caches it shaped: a cache
 built another way is rebuilt, not read."""
 
 _HEAD = "lm_head"
@@ -155,9 +162,9 @@ def measure(
     return peaks
 
 
-def _factor(act: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """SmoothQuant's s = peak_x^ALPHA / peak_w^(1 - ALPHA) (peaks floored at 1e-5, as its authors do)."""
-    return act.clamp_min(1e-5).pow(ALPHA) / weight.clamp_min(1e-5).pow(1 - ALPHA)
+def _factor(act: torch.Tensor, weight: torch.Tensor, alpha: float = ALPHA) -> torch.Tensor:
+    """SmoothQuant's s = peak_x^alpha / peak_w^(1 - alpha) (peaks floored at 1e-5, as its authors do)."""
+    return act.clamp_min(1e-5).pow(alpha) / weight.clamp_min(1e-5).pow(1 - alpha)
 
 
 @dataclass(frozen=True)
@@ -202,7 +209,7 @@ class Smoothing:
             def per_value(t: torch.Tensor) -> torch.Tensor:
                 return t.reshape(kv_heads, heads // kv_heads, head_dim).amax(dim=1)
 
-            s_v = _factor(per_value(peaks.act[o]), per_value(peaks.weight[o]))
+            s_v = _factor(per_value(peaks.act[o]), per_value(peaks.weight[o]), ALPHA_OUTPUT)
             columns[o] = s_v[:, None, :].expand(kv_heads, heads // kv_heads, head_dim).reshape(-1)
             rows[v] = s_v.reshape(-1)
             dense[f"{v}.bias"] = s_v.reshape(-1)

@@ -14,7 +14,7 @@ import torch
 from wmark.generator.models import int8_store
 from wmark.generator.models.hf_session import HFModel
 from wmark.generator.models.prepare import prepare_model
-from wmark.generator.models.smoothing import Smoothing, calibration_ids, measure
+from wmark.generator.models.smoothing import ALPHA, ALPHA_OUTPUT, Smoothing, calibration_ids, measure
 
 OUTLIERS = [3, 17]
 
@@ -60,6 +60,32 @@ def test_smoothing_is_exact_in_float(tiny_qwen):
     factors = plan.columns["model.layers.0.self_attn.q_proj"]
     # the outlier channels moved into the weights: theirs are the largest factors
     assert sorted(factors.topk(len(OUTLIERS)).indices.tolist()) == OUTLIERS
+
+
+def test_each_kind_of_layer_gets_its_strength(tiny_qwen):
+    """The attention output projection's factors use ALPHA_OUTPUT, the other layers ALPHA: each
+    factor is peak_x^a / peak_w^(1 - a) of its own peaks (the output projection's taken per
+    value channel, the query heads sharing it giving the largest)."""
+    model = prepare_model(_with_outliers(tiny_qwen), "fp32", "cpu")
+    peaks = measure(model, _ids(0))
+    plan = Smoothing.plan(peaks, model.config)
+    assert plan is not None and ALPHA != ALPHA_OUTPUT
+    layer = "model.layers.0"
+
+    def factor(act: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+        return act.clamp_min(1e-5).pow(alpha) / weight.clamp_min(1e-5).pow(1 - alpha)
+
+    down = f"{layer}.mlp.down_proj"
+    assert torch.equal(plan.columns[down], factor(peaks.act[down], peaks.weight[down], ALPHA))
+    config, o = model.config, f"{layer}.self_attn.o_proj"
+    kv, heads = config.num_key_value_heads, config.num_attention_heads
+    head_dim = config.hidden_size // heads
+
+    def per_value(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(kv, heads // kv, head_dim).amax(dim=1).reshape(-1)
+
+    expected = factor(per_value(peaks.act[o]), per_value(peaks.weight[o]), ALPHA_OUTPUT)
+    assert torch.equal(plan.rows[f"{layer}.self_attn.v_proj"], expected)
 
 
 def test_smoothing_brings_int8_close_to_float(tiny_qwen):
