@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 import pytest
@@ -25,6 +25,8 @@ from wmark.api import Settings, create_app
 from wmark.api.generate_settings import GenerationSettings
 from wmark.generator import engine
 from wmark.keys import KeyRegistry, RegistryConfig
+
+T = TypeVar("T")
 
 WAIT_S = 120  # a safety net only: every wait ends on a state change long before
 
@@ -120,11 +122,13 @@ class Harness:
             return int(sock.getsockname()[1])
 
     @staticmethod
-    def until(condition: Callable[[], object], what: str) -> None:
+    def until(condition: Callable[[], T], what: str) -> T:
+        """Poll `condition` until it is truthy; return what it returned."""
         deadline = time.monotonic() + WAIT_S
-        while not condition():
+        while not (value := condition()):
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             time.sleep(0.01)
+        return value
 
     @staticmethod
     def generations(registry: KeyRegistry) -> list[Any]:
@@ -138,10 +142,15 @@ class Harness:
         assert set(body) == {"error"} and {"message", "type", "code"} <= set(body["error"])
         return dict(body["error"])
 
-    @staticmethod
-    def job_cancelled(srv: Served) -> bool:
-        job = srv.generation.current
-        return job is not None and job.cancelled.is_set()
+    @classmethod
+    def running_job(cls, srv: Served) -> Any:
+        """The job the worker holds (waits for one to start).
+
+        Tests keep the job, not `srv.generation.current`, to see it cancelled: a job cancelled
+        before its first block ends at once and is let go within milliseconds, so a poll of
+        `current` can miss it (CI did; reproduced by holding the worker until the cancel).
+        """
+        return cls.until(lambda: srv.generation.current, "a generation to start")
 
 
 @pytest.fixture(scope="module")

@@ -261,8 +261,9 @@ def test_a_client_that_disconnects_stops_its_generation(gen, gate):
             seen += bool(chunk.choices and chunk.choices[0].delta.content)
             if seen == 3:
                 break
+        job = gen.running_job(srv)  # waiting for a permit: it cannot end before the close
         stream.close()
-        gen.until(lambda: gen.job_cancelled(srv), "the server to notice the disconnect")
+        gen.until(job.cancelled.is_set, "the server to notice the disconnect")
         gate.release(1000)
         gen.until(lambda: len(gen.generations(srv.registry)) == 1, "the generation's audit row")
         row = gen.generations(srv.registry)[0]
@@ -284,8 +285,8 @@ def test_a_client_that_disconnects_stops_its_generation(gen, gate):
         ).encode() + body
         with socket.create_connection(("127.0.0.1", srv.port)) as sock:
             sock.sendall(request)
-            gen.until(lambda: srv.generation.current is not None, "the generation to start")
-        gen.until(lambda: gen.job_cancelled(srv), "the server to notice the disconnect")
+            job = gen.running_job(srv)
+        gen.until(job.cancelled.is_set, "the server to notice the disconnect")
         gate.release(1000)
         gen.until(lambda: len(gen.generations(srv.registry)) == 2, "the generation's audit row")
         row = gen.generations(srv.registry)[1]
@@ -315,8 +316,9 @@ def test_a_full_queue_answers_429_with_retry_after(gen, gate):
             client.chat.completions.create(**ask)
         assert gen.error(caught.value)["code"] == "queue_full"
         assert int(caught.value.response.headers["retry-after"]) >= 1
+        job = gen.running_job(srv)
         running.close()
-        gen.until(lambda: gen.job_cancelled(srv), "the server to notice the disconnect")
+        gen.until(job.cancelled.is_set, "the server to notice the disconnect")
         gate.release(1000)
         thread.join(WAIT_S)  # the waiting request runs once the model is free
         assert waiting[-1].choices[0].finish_reason == "length"

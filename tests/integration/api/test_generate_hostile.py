@@ -275,8 +275,9 @@ def test_queue_0_runs_one_generation_and_refuses_the_next_with_agreeing_retry_af
         error = gen.error(caught.value)
         seconds = int(caught.value.response.headers["retry-after"])
         assert error["code"] == "queue_full" and f"retry in {seconds} s" in error["message"]
+        job = gen.running_job(srv)
         running.close()
-        gen.until(lambda: gen.job_cancelled(srv), "the server to notice the disconnect")
+        gen.until(job.cancelled.is_set, "the server to notice the disconnect")
         gate.release(1000)
         gen.until(lambda: srv.generation.current is None, "the model to be free")
         assert client.chat.completions.create(**{**ASK, "max_tokens": 2}).usage.completion_tokens == 2
