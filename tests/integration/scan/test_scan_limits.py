@@ -27,13 +27,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from wmark.errors import InputError
-from wmark.scan.journal import Journal
 from wmark.scan.limits import ReadLimits
-from wmark.scan.loop import run_scan
 from wmark.scan.rows import ScanRow
 from wmark.scan.scan import scan
 from wmark.scan.sources import Document, FileSource, SourceOptions
-from wmark.scan.workers import Batch, InlineExecutor, PoolExecutor, WorkerConfig
+from wmark.scan.workers import Batch, InlineExecutor, PoolExecutor
 
 MiB = 1 << 20
 LIMITS = ReadLimits(max_doc_bytes=MiB, max_ratio=200)
@@ -252,25 +250,7 @@ def test_fifos_and_sockets_are_error_rows_when_walked_or_named(tmp_path):
     assert [Path(p).name for p in walked.skipped] == ["pipe.bin"]
 
 
-def _config(key: Any, tokenizer_json: bytes) -> WorkerConfig:
-    return WorkerConfig(
-        keys=(key,), tokenizers={key.spec.tokenizer.sha256: tokenizer_json}, alpha=1e-4, min_window=32
-    )
-
-
-def _run(docs: list[Document], executor: Any, out: Path, **kw: Any) -> list[dict[str, Any]]:
-    journal = Journal.open(out, settings={})
-    try:
-        run_scan(iter(docs), journal=journal, executor=executor, **kw)
-    finally:
-        journal.close()
-        executor.close()
-    return [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-
-
-def test_a_sql_text_over_the_limit_is_an_error_row_and_never_reaches_a_worker(
-    tmp_path, word_key, word_tokenizer_json
-):
+def test_a_sql_text_over_the_limit_is_an_error_row_and_never_reaches_a_worker(tmp_path, scans):
     docs = [Document("sql", str(i), "w1 w2 w3", None, 0) for i in range(4)]
     docs[1] = Document("sql", "1", "w1 " * 400_000, None, 0)  # 1.2 MB
     docs[2] = Document("sql", "2", "é" * 600_000, None, 0)  # 600,000 characters, 1.2 MB of UTF-8
@@ -281,7 +261,7 @@ def test_a_sql_text_over_the_limit_is_an_error_row_and_never_reaches_a_worker(
             sent.append(batch)
             return super().submit(batch)
 
-    rows = _run(docs, Recording(_config(word_key, word_tokenizer_json)), tmp_path / "o.jsonl", limits=LIMITS)
+    _, rows = scans.journal(docs, Recording(scans.config), tmp_path / "o.jsonl", limits=LIMITS)
     assert [(r["doc_id"], r["error"]) for r in rows] == [
         ("0", None),
         ("1", "text over --max-doc-bytes (1 MiB)"),
@@ -301,16 +281,14 @@ class _AbortingPool(PoolExecutor):
         return super().submit(batch)
 
 
-def test_a_worker_that_dies_leaves_a_row_saying_how(tmp_path, word_key, word_tokenizer_json):
+def test_a_worker_that_dies_leaves_a_row_saying_how(tmp_path, scans):
     rng = np.random.default_rng(9)
     docs = [
         Document("mem", f"row:{i}", " ".join(f"w{j}" for j in rng.integers(0, 500, 50)), None, 1)
         for i in range(6)
     ]
     docs[3] = Document("mem", "row:3", "poison", None, 1)
-    rows = _run(
-        docs, _AbortingPool(_config(word_key, word_tokenizer_json), 1), tmp_path / "o.jsonl", batch_docs=4
-    )
+    _, rows = scans.journal(docs, _AbortingPool(scans.config, 1), tmp_path / "o.jsonl", batch_docs=4)
     errors = [(r["doc_id"], r["error"]) for r in rows if r["verdict"] == "error"]
     assert len(errors) == 1 and errors[0][0] == "row:3"
     assert errors[0][1].startswith(
