@@ -30,20 +30,6 @@ ALPHA = 1e-4
 CORPUS_DOCS = 2 + 301 + 40 + 20 + 2  # the documents of `corpus`, its broken line included
 
 
-def words(ids: Iterable[int]) -> str:
-    """Token IDs of the word tokenizer as its text."""
-    return " ".join(f"w{i - 1}" for i in ids)
-
-
-def human(rng: np.random.Generator, n: int = 120) -> str:
-    """n i.i.d. words: text no key marked."""
-    return " ".join(f"w{i}" for i in rng.integers(0, 500, size=n))
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
 @dataclass(frozen=True)
 class Scans:
     """Scans with one key (the test's) and its tokenizer."""
@@ -54,14 +40,23 @@ class Scans:
     options: SourceOptions = SourceOptions(field="text", column="text")
     corpus_docs: int = CORPUS_DOCS
 
-    def words(self, ids: Iterable[int]) -> str:
-        return words(ids)
+    @staticmethod
+    def words(ids: Iterable[int]) -> str:
+        """Token IDs of the word tokenizer as its text."""
+        return " ".join(f"w{i - 1}" for i in ids)
 
-    def human(self, rng: np.random.Generator, n: int = 120) -> str:
-        return human(rng, n)
+    @staticmethod
+    def human(rng: np.random.Generator, n: int = 120) -> str:
+        """n i.i.d. words: text no key marked."""
+        return " ".join(f"w{i}" for i in rng.integers(0, 500, size=n))
 
-    def jsonl(self, path: Path) -> list[dict[str, Any]]:
-        return read_jsonl(path)
+    @staticmethod
+    def jsonl(path: Path) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+    @property
+    def tokenizers(self) -> dict[str, bytes]:
+        return {self.key.spec.tokenizer.sha256: self.tokenizer_json}
 
     def run(self, root: Path, out: Path, **kw: Any) -> ScanSummary:
         """`wmark.scan.scan` of `root` into `out`, in-process unless `workers` says otherwise."""
@@ -69,7 +64,7 @@ class Scans:
             urls=[str(root)],
             options=self.options,
             keys=[self.key],
-            tokenizers={self.key.spec.tokenizer.sha256: self.tokenizer_json},
+            tokenizers=self.tokenizers,
             out=out,
             alpha=self.alpha,
             **{"workers": 0, **kw},
@@ -77,12 +72,7 @@ class Scans:
 
     @property
     def config(self) -> WorkerConfig:
-        return WorkerConfig(
-            keys=(self.key,),
-            tokenizers={self.key.spec.tokenizer.sha256: self.tokenizer_json},
-            alpha=self.alpha,
-            min_window=32,
-        )
+        return WorkerConfig(keys=(self.key,), tokenizers=self.tokenizers, alpha=self.alpha, min_window=32)
 
     def journal(
         self, docs: list[Document], executor: Any, out: Path, **kw: Any
@@ -95,7 +85,7 @@ class Scans:
         finally:
             journal.close()
             executor.close()
-        return summary, read_jsonl(out)
+        return summary, self.jsonl(out)
 
 
 @pytest.fixture()
@@ -110,23 +100,25 @@ def corpus(tmp_path: Path, word_key, planted) -> tuple[Path, set[tuple[str, str]
     root = tmp_path / "docs"
     (root / "deep").mkdir(parents=True)
     marked: set[tuple[str, str]] = set()
-    (root / "marked.txt").write_text(words(planted(word_key, 150, rng)), encoding="utf-8")
+    (root / "marked.txt").write_text(Scans.words(planted(word_key, 150, rng)), encoding="utf-8")
     marked.add((str(root / "marked.txt"), ""))
-    (root / "human.md").write_text(human(rng), encoding="utf-8")
+    (root / "human.md").write_text(Scans.human(rng), encoding="utf-8")
     lines = []
     for i in range(1, 301):
         if i % 50 == 0:
-            lines.append(json.dumps({"text": words(planted(word_key, 120, rng))}))
+            lines.append(json.dumps({"text": Scans.words(planted(word_key, 120, rng))}))
             marked.add((str(root / "deep" / "posts.jsonl"), f"line:{i}"))
         else:
-            lines.append(json.dumps({"text": human(rng)}))
+            lines.append(json.dumps({"text": Scans.human(rng)}))
     lines.append("{broken json")
     (root / "deep" / "posts.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    texts = [human(rng) for _ in range(40)]
-    texts[7] = words(planted(word_key, 120, rng))
+    texts = [Scans.human(rng) for _ in range(40)]
+    texts[7] = Scans.words(planted(word_key, 120, rng))
     marked.add((str(root / "table.parquet"), "row:7"))
     pq.write_table(pa.table({"text": texts}), root / "table.parquet")
-    (root / "c.csv").write_text("text\n" + "\n".join(human(rng) for _ in range(20)) + "\n", encoding="utf-8")
+    (root / "c.csv").write_text(
+        "text\n" + "\n".join(Scans.human(rng) for _ in range(20)) + "\n", encoding="utf-8"
+    )
     (root / "latin1.txt").write_bytes("caf\xe9 w1 w2".encode("latin-1"))
     (root / "blank.txt").write_text("  \n", encoding="utf-8")
     return root, marked
