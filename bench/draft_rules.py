@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate_speed import SETTINGS, Setting, parse_setting, sampler_config  # noqa: E402 (its rows)
+from machine import describe  # noqa: E402
 
 from wmark import KeyMaterial, Secret, WatermarkSpec  # noqa: E402
 from wmark.detector import TextTokenizer  # noqa: E402
@@ -237,6 +238,7 @@ def main() -> None:
         save_counts(args.save_counts, tallies, args)
 
     print()
+    print(describe())
     print(
         "| set | setting | AATPS | drafter forwards / block | target rows / verify | predicted decode s | "
         "predicted decode vs basic-uwm | measured decode s (vs basic-uwm) | same tokens as basic-uwm |"

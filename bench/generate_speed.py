@@ -25,6 +25,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import machine
 import torch
 
 from wmark import KeyMaterial, Secret, WatermarkSpec
@@ -261,6 +262,7 @@ def main() -> None:
         f"{len(prompts)} prompts x {args.seeds} seeds x {args.tokens} new tokens, "
         f"torch threads {args.threads}, precision {args.precision}"
     )
+    print(machine.describe())
     for group in dict.fromkeys(g for g, _ in rows):
         _table(group, {name: row for (g, name), row in rows.items() if g == group})
 

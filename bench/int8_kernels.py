@@ -21,6 +21,8 @@ import itertools
 import statistics
 import time
 
+import machine
+
 from wmark.generator.cpu import _int8_gemm
 from wmark.generator.drafters.int4_weights import cut_to_int4
 from wmark.generator.models.loading import load_pair
@@ -81,6 +83,7 @@ def main() -> None:
     _int8_gemm.prefetch(default_policy)
 
     print(f"threads {args.threads}, {args.rounds} alternating rounds, median ms; ratio: over {kernels[0]}")
+    print(machine.describe())
     print()
     columns = kernels + [f"{k} / {kernels[0]}" for k in kernels[1:]]
     print("| model | work | " + " | ".join(columns) + " |")

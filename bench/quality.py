@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import machine
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -268,7 +269,8 @@ def main() -> None:
                 row.overlap += torch.minimum(found[DRAFTS_FOR[name]].exp(), lp.exp()).sum(-1).tolist()
         print(f"  text {n + 1}/{len(texts)} ({text.corpus}, {len(text.tokens)} positions)", flush=True)
 
-    print(f"\n{len(texts)} texts, {time.perf_counter() - start:.0f} s; threads {args.threads}\n")
+    print(f"\n{len(texts)} texts, {time.perf_counter() - start:.0f} s; threads {args.threads}")
+    print(f"{machine.describe()}\n")
     print(
         "| texts | row | positions | mean KL | p99 KL | worst KL | ppl ratio [95 % interval] | top-1 "
         "| fp32 argmax outside top-50 | draft overlap |"

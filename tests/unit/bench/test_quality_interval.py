@@ -18,7 +18,11 @@ def _quality():
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(SCRIPT.parent))  # a script, not a package: it imports bench/machine.py beside it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
     return module
 
 
