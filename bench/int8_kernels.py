@@ -7,8 +7,9 @@ timed on the same sessions, rounds alternating build by build so that drift of a
 hits all alike: the prompt prefill of the target and the drafter (`--prefill` token counts) and
 one forward over M new tokens after a 200-token prefix (`--sizes`); the drafter also with its
 weights cut to 4 bits (`wmark.generator.drafters.int4_weights`, what `build_drafter` does on VNNI CPUs).
-`--prefetch near,far` also crosses them with the weight prefetch policies (`_int8_gemm.prefetch`:
-into L1 96 groups ahead, AMD's default, or into L2 192 ahead, Intel's). Every variant gives the
+`--prefetch near,far,rows` also crosses them with the weight prefetch policies (`_int8_gemm.prefetch`:
+into L1 96 groups ahead, into L2 192 ahead (Intel's default), or near below 9 quantised rows in a
+call (5 with 4-bit weights) and far from there (AMD's)). Every variant gives the
 same bits (tests/integration/generator/test_rowwise_int8.py), so only the time differs; the table
 reports milliseconds (medians) and each variant's time over the first one's.
 """
@@ -35,7 +36,9 @@ def main() -> None:
     parser.add_argument(
         "--kernels", default=None, help="comma-separated builds; default: every one but portable"
     )
-    parser.add_argument("--prefetch", default=None, help="comma-separated: near, far; default: this CPU's")
+    parser.add_argument(
+        "--prefetch", default=None, help="comma-separated: near, far, rows; default: this CPU's"
+    )
     parser.add_argument("--prefill", default="200,500", help="comma-separated prompt lengths (tokens)")
     parser.add_argument("--sizes", default="1,9,17,33", help="comma-separated M: new tokens in one forward")
     args = parser.parse_args()

@@ -80,10 +80,18 @@
  * one thread: on a 2-core AMD EPYC 96 groups (12 KB) into L1 was the best of 0-128; on a 2-core
  * Intel Xeon with AMX, where one core streams ~13 GB/s, 192 groups into L2 (more misses in
  * flight) took the target's 9-row forward from 196 to 184-190 ms and left one row as it was
- * (bench/int8_kernels.py --prefetch far,near). Intel CPUs take the far prefetch. */
+ * (bench/int8_kernels.py --prefetch far,near). Intel CPUs take the far prefetch. On a 2-core
+ * Zen 4 EPYC, two threads, the near prefetch won below ~8 quantised rows and the far one from
+ * ~10 (the target's forward of 1 / 3 / 5 / 7 / 9 two-part tokens, near against far: 38-47 /
+ * 48-51 / 57-60 / 76-80 / 86-89 ms against 52-53 / 55-56 / 55-56 / 68-72 / 79-80; the draft
+ * model's from 7-9 one-part rows on, with 4-bit weights from 5-7: twice the products per byte
+ * streamed), so AMD CPUs take PREFETCH_ROWS: far from FAR_FROM_ROWS quantised rows in a call
+ * (half as many with 4-bit weights), near below. The policy changes speed only, never the bits. */
 #define NEAR_AHEAD 96
 #define FAR_AHEAD 192
-WMARK_HIDDEN extern int wmark_far_prefetch; /* 1: FAR_AHEAD into L2, 0: NEAR_AHEAD into L1 (_vnni.c) */
+#define FAR_FROM_ROWS 9
+enum prefetch { PREFETCH_NEAR = 0, PREFETCH_FAR = 1, PREFETCH_ROWS = 2 };
+WMARK_HIDDEN extern int wmark_prefetch; /* an enum prefetch: set at import and by `prefetch()` (_vnni.c) */
 
 /* Quantised rows from which the "amx" build runs 8-bit weights on the tile unit: with two
  * activation parts a target's verify forward of 2-8 tokens is 4-16 rows, which VNNI computed at

@@ -298,14 +298,18 @@ static PyObject *prefetch(PyObject *self, PyObject *args) {
     (void)self;
     const char *name = NULL;
     if (!PyArg_ParseTuple(args, "|s", &name)) return NULL;
+    static const char *const names[] = {[PREFETCH_NEAR] = "near", [PREFETCH_FAR] = "far", [PREFETCH_ROWS] = "rows"};
     if (name != NULL) {
-        if (strcmp(name, "far") != 0 && strcmp(name, "near") != 0) {
-            PyErr_Format(PyExc_ValueError, "prefetch: %s is not 'near' or 'far'", name);
+        int found = -1;
+        for (int p = 0; p < 3; p++)
+            if (strcmp(name, names[p]) == 0) found = p;
+        if (found < 0) {
+            PyErr_Format(PyExc_ValueError, "prefetch: %s is not 'near', 'far' or 'rows'", name);
             return NULL;
         }
-        wmark_far_prefetch = strcmp(name, "far") == 0;
+        wmark_prefetch = found;
     }
-    return PyUnicode_FromString(wmark_far_prefetch ? "far" : "near");
+    return PyUnicode_FromString(names[wmark_prefetch]);
 }
 
 static PyObject *wait_policy(PyObject *self, PyObject *args) {
@@ -374,7 +378,8 @@ static PyMethodDef methods[] = {
     {"backends", backends, METH_NOARGS, "The builds this CPU can run, fastest first."},
     {"use_backend", use_backend, METH_VARARGS, "use_backend(name): run that build (tests compare them)."},
     {"prefetch", prefetch, METH_VARARGS,
-     "prefetch([policy]): the weight prefetch, 'near' (L1, AMD's default) or 'far' (L2, Intel's);\n"
+     "prefetch([policy]): the weight prefetch, 'near' (L1), 'far' (L2, Intel's default) or 'rows'\n"
+     "(AMD's: near below 9 quantised rows in a call, 5 with 4-bit weights, far from there);\n"
      "sets it when given (benchmarks compare them; the bits do not change)."},
     {"wait_policy", wait_policy, METH_VARARGS,
      "wait_policy([policy]): how idle workers wait for the next call, 'active' (spin briefly, then\n"
@@ -405,7 +410,7 @@ PyMODINIT_FUNC PyInit__int8_gemm(void) {
 #endif
     active_backend = best_backend;
 #ifdef WMARK_X86
-    wmark_far_prefetch = __builtin_cpu_is("intel");
+    wmark_prefetch = __builtin_cpu_is("intel") ? PREFETCH_FAR : PREFETCH_ROWS;
 #endif
     wmark_pool_init();
     PyObject *mod = PyModule_Create(&module);

@@ -9,7 +9,7 @@
  */
 #include "_int8_gemm.h"
 
-int wmark_far_prefetch = 0; /* see FAR_AHEAD; set at import (Intel: 1) and by `prefetch()` */
+int wmark_prefetch = PREFETCH_ROWS; /* see FAR_AHEAD; set at import (Intel: far) and by `prefetch()` */
 
 #ifdef WMARK_X86
 #define ROWS_512 12 /* rows sharing each weight load (AVX-512: 24 accumulators of 32) */
@@ -31,7 +31,9 @@ int wmark_far_prefetch = 0; /* see FAR_AHEAD; set at import (Intel: 1) and by `p
 __attribute__((target(VNNI_TARGET), always_inline)) static inline void block_vnni(const job_t *job, Py_ssize_t t,
                                                                                     Py_ssize_t r0, const int rows,
                                                                                     const int nibbles) {
-    const int far = wmark_far_prefetch; /* the same all run long: the branch below is predicted */
+    /* the same for the whole call: the branch below is predicted */
+    const int far = wmark_prefetch == PREFETCH_FAR ||
+                    (wmark_prefetch == PREFETCH_ROWS && job->m * (nibbles ? 2 : 1) >= FAR_FROM_ROWS);
     const __m512i low = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8);
     const uint8_t *w = job->packed + t * job->groups * (nibbles ? GROUP4 : GROUP);
     const Py_ssize_t kp = job->groups * 4;

@@ -82,7 +82,7 @@ def test_every_build_and_thread_count_gives_the_same_bits():
             layer = _layer(4, out=300, inp=inp)
             x = _rows(5, rows, inp)
             expected = _reference(layer, x)
-            for name, policy in itertools.product(BACKENDS, ("near", "far")):
+            for name, policy in itertools.product(BACKENDS, ("near", "far", "rows")):
                 _int8_gemm.use_backend(name)
                 _int8_gemm.prefetch(policy)
                 # up and down: calls with fewer threads than the pool has workers, and more
@@ -221,7 +221,7 @@ def test_the_kernel_refuses_bad_buffers():
         )
     with pytest.raises(ValueError, match="does not run on this CPU"):
         _int8_gemm.use_backend("avx1024")
-    with pytest.raises(ValueError, match="not 'near' or 'far'"):
+    with pytest.raises(ValueError, match="not 'near', 'far' or 'rows'"):
         _int8_gemm.prefetch("l3")
     assert _int8_gemm.prefetch() == PREFETCH
     assert _int8_gemm.backend() == BACKENDS[0] and BACKENDS[-1] == "portable"
