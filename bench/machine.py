@@ -1,9 +1,10 @@
 """The machine a benchmark ran on, in one line for its output.
 
-Two CPUs with the same model name can differ by 2x in int8 arithmetic: "AMD EPYC" in a VM is
-Zen 4 (family 25, 512-bit VNNI at half rate) or Zen 5 (family 26, full rate), and the tables
-in BENCHMARKS.md only compare within one kind. Every speed script prints this line so that a
-figure says which it came from.
+Two VMs that both call their CPU "AMD EPYC" can differ widely in int8 arithmetic: a Zen 4
+(x86 family 25) runs 512-bit instructions on 256-bit units, a Zen 5 (family 26) at full width;
+two such machines here decoded `basic-uwm` at 16-25 and at 30-33 tokens/s. BENCHMARKS.md only
+compares figures within one kind, so every speed script prints this line and a figure says
+which machine it came from.
 """
 
 from __future__ import annotations
