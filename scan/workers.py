@@ -304,13 +304,26 @@ class PoolExecutor:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+REAP_WAIT = 10.0
+"""Seconds `_deaths` waits for a broken pool's manager thread to reap its workers."""
+
+
 def _deaths(pool: cf.ProcessPoolExecutor) -> str | None:
     """How the pool's worker processes that died ended, e.g. "a worker process was killed by
     SIGKILL (the kernel's out-of-memory killer?)"; None when unknown.
 
     Reads the pool's process table (`_processes`, not public API; absent, nothing is said). The
     pool ends its other workers with SIGTERM once it is broken: those are not the cause.
+
+    It first waits for the pool's manager thread (`_executor_manager_thread`), which fails the
+    futures and then ends and joins the workers: reading a worker's exit status while that
+    thread joins it races, as a forkserver worker's status is one message on a pipe and the
+    second of two readers gets EOF, which multiprocessing reports as exit code 255 (CI saw "a
+    worker process exited with code 255" for a worker killed by SIGABRT).
     """
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None and manager is not threading.current_thread():
+        manager.join(REAP_WAIT)
     processes = getattr(pool, "_processes", None) or {}
     codes = sorted({p.exitcode for p in list(processes.values())} - {None, 0, -signal.SIGTERM})
     return "; ".join(_exit_text(code) for code in codes) or None

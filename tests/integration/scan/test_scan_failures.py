@@ -12,7 +12,10 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,7 +23,7 @@ import pytest
 
 from wmark.scan.rows import ScanRow
 from wmark.scan.sources import Document
-from wmark.scan.workers import Batch, InlineExecutor, PoolExecutor, WorkerConfig, detect_batch
+from wmark.scan.workers import Batch, InlineExecutor, PoolExecutor, WorkerConfig, _deaths, detect_batch
 
 
 class _FlakyExecutor:
@@ -200,3 +203,23 @@ def test_a_document_that_kills_its_worker_is_one_error_row(tmp_path, scans):
     assert [(r["doc_id"], r["verdict"]) for r in rows if r["verdict"] == "error"] == [("row:9", "error")]
     assert "BrokenProcessPool" in rows[9]["error"]
     assert rows[:9] + rows[10:] == inline
+
+
+def test_how_a_worker_died_is_read_after_the_pool_has_reaped_it():
+    """A broken pool fails its futures before its manager thread ends and joins the workers; a
+    status read beside that join raced it (CI: "exited with code 255" for a SIGABRT). `_deaths`
+    waits for the manager, here a thread that reaps a worker 0.3 s late."""
+
+    class Worker:
+        exitcode: int | None = None
+
+    worker = Worker()
+
+    def reap() -> None:
+        time.sleep(0.3)
+        worker.exitcode = -signal.SIGABRT
+
+    manager = threading.Thread(target=reap)
+    pool = SimpleNamespace(_processes={1: worker}, _executor_manager_thread=manager)
+    manager.start()
+    assert _deaths(pool) == "a worker process was killed by SIGABRT (a failed memory allocation?)"
