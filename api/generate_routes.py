@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from wmark.api.deps import require
-from wmark.api.generation import Event, Failed, Finished, Generation, Job, Tokens
+from wmark.api.generation import Event, Failed, Finished, Generation, Job, Tokens, served_sampler
 from wmark.api.openai_errors import error_type
 from wmark.api.openai_schemas import (
     ChatCompletionRequest,
@@ -150,8 +150,11 @@ async def _complete(
     key = await run_in_threadpool(generation.key)
     job = Job(
         prompt_ids=prompt_ids,
-        config=generation.sampler(
-            max_tokens=budget, temperature=body.temperature or 1.0, top_p=body.top_p or 1.0
+        config=served_sampler(
+            generation.settings,
+            max_tokens=budget,
+            temperature=body.temperature or 1.0,
+            top_p=body.top_p or 1.0,
         ),
         key=key,
         seed=body.seed,

@@ -249,10 +249,6 @@ class Generation:
         check_key_binding(key, self.pair.target)
         return key
 
-    def sampler(self, *, max_tokens: int, temperature: float, top_p: float) -> SamplerConfig:
-        """The server's sampler with the request's budget, temperature and top-p."""
-        return served_sampler(self.settings, max_tokens=max_tokens, temperature=temperature, top_p=top_p)
-
     async def tokenise(self, work: Callable[[], T]) -> T:
         """`work()` (a prompt's tokenising) on the tokenising pool; an unexpected error of the
         tokenizer or the template is logged and raised as `GenerationFailed`."""

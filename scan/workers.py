@@ -322,7 +322,7 @@ def _deaths(pool: cf.ProcessPoolExecutor) -> str | None:
     worker process exited with code 255" for a worker killed by SIGABRT).
     """
     manager = getattr(pool, "_executor_manager_thread", None)
-    if manager is not None and manager is not threading.current_thread():
+    if manager is not None:
         manager.join(REAP_WAIT)
     processes = getattr(pool, "_processes", None) or {}
     codes = sorted({p.exitcode for p in list(processes.values())} - {None, 0, -signal.SIGTERM})

@@ -301,7 +301,7 @@ static PyObject *prefetch(PyObject *self, PyObject *args) {
     static const char *const names[] = {[PREFETCH_NEAR] = "near", [PREFETCH_FAR] = "far", [PREFETCH_ROWS] = "rows"};
     if (name != NULL) {
         int found = -1;
-        for (int p = 0; p < 3; p++)
+        for (int p = 0; p < (int)(sizeof names / sizeof names[0]); p++)
             if (strcmp(name, names[p]) == 0) found = p;
         if (found < 0) {
             PyErr_Format(PyExc_ValueError, "prefetch: %s is not 'near', 'far' or 'rows'", name);
