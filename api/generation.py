@@ -43,7 +43,6 @@ from wmark.generator.drafters.build import build_drafter, drafter_model_source
 from wmark.generator.engine import METHODS, SamplerConfig, check_key_binding, generate
 from wmark.generator.logits import LogitsConfig
 from wmark.generator.models.loading import ModelPair, load_pair
-from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD
 from wmark.generator.result import GenerationResult
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
@@ -69,17 +68,13 @@ TOKENISING_THREADS = 2  # prompts tokenised at once (tokenizers releases the GIL
 def served_sampler(
     settings: GenerationSettings, *, max_tokens: int, temperature: float, top_p: float
 ) -> SamplerConfig:
-    """The sampler a request runs: the server's method with `wmark generate`'s drafting defaults
-    (L = `DEFAULT_LOOKAHEAD`, a branch ending below `DEFAULT_DRAFT_CONFIDENCE`), so the service
-    decodes as fast as the CLI (the library's own defaults, L = 4 with every level drafted, are
-    the paper's), and the request's budget, temperature and top-p. Block lengths only: the text
-    is the same either way."""
+    """The sampler a request runs: the server's method with the default drafting (the same as
+    `wmark generate`'s: L = 6, a branch ending below the drafter's probability 0.8) and the
+    request's budget, temperature and top-p."""
     assert settings.method is not None
     logits = LogitsConfig(temperature=temperature, top_k=settings.top_k, top_p=top_p)
     return SamplerConfig(
         method=settings.method,
-        lookahead=DEFAULT_LOOKAHEAD,
-        draft_confidence=DEFAULT_DRAFT_CONFIDENCE,
         max_new_tokens=max_tokens,
         target_logits=logits,
         draft_logits=logits,

@@ -52,7 +52,6 @@ def child(mode: str, method: str, tokens: int, rounds: int) -> None:
     from wmark.generator.engine import SamplerConfig, generate
     from wmark.generator.models.embedded import embedded_tokenizer_json
     from wmark.generator.models.loading import load_pair
-    from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD
 
     speculative = method == "default"
     pair = load_pair("embedded", "embedded" if speculative else None)
@@ -63,12 +62,7 @@ def child(mode: str, method: str, tokens: int, rounds: int) -> None:
     )
     ids = pair.encode_prompt(PROMPT)
     config = (
-        SamplerConfig(
-            method="mpfr",
-            max_new_tokens=tokens,
-            lookahead=DEFAULT_LOOKAHEAD,
-            draft_confidence=DEFAULT_DRAFT_CONFIDENCE,
-        )
+        SamplerConfig(method="mpfr", max_new_tokens=tokens)
         if speculative
         else SamplerConfig(method="basic-uwm", max_new_tokens=tokens)
     )

@@ -246,7 +246,9 @@ def check_invariance(target: HFModel, drafter: HFModel, vocab: int, tokens: int)
             ("mpfr B=4 L=4 (drafter)", "mpfr", 4, drafter),
             ("mpfr B=4 L=4 (target drafts)", "mpfr", 4, target),
         ):
-            config = SamplerConfig(method=method, drafts=drafts, lookahead=4, max_new_tokens=tokens)
+            config = SamplerConfig(
+                method=method, drafts=drafts, lookahead=4, draft_confidence=0.0, max_new_tokens=tokens
+            )
             runs[name] = generate(target, prompt, config=config, key=key, drafter=model, seed=prompt_no)
         base = runs["basic-uwm"].token_ids
         for name, out in runs.items():
@@ -432,7 +434,10 @@ def end_to_end_table(paths: dict[str, tuple[HFModel, HFModel]], vocab: int, toke
     (its `auto` drafter: prompt lookup, else the draft model with its output layer cut), per path."""
     fixed = (
         ("basic-uwm", SamplerConfig(method="basic-uwm", max_new_tokens=tokens)),
-        ("mpfr B=2 L=4", SamplerConfig(method="mpfr", drafts=2, lookahead=4, max_new_tokens=tokens)),
+        (
+            "mpfr B=2 L=4",
+            SamplerConfig(method="mpfr", drafts=2, lookahead=4, draft_confidence=0.0, max_new_tokens=tokens),
+        ),
     )
     speeds = {path: end_to_end(t, d, vocab, fixed) for path, (t, d) in paths.items()}
     default = (("default (auto)", SamplerConfig(max_new_tokens=tokens)),)

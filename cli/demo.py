@@ -15,7 +15,7 @@ from wmark.cli.common import console, open_registry, print_json
 from wmark.cli.generate import load_with_status, run_generation
 from wmark.detector import Detector
 from wmark.generator.models.embedded import embedded_tokenizer_json
-from wmark.generator.names import AUTO, DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD, DRAFTER_HELP
+from wmark.generator.names import AUTO, DRAFTER_HELP
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 
@@ -56,12 +56,7 @@ def demo(
     with open_registry() as registry:
         key = demo_key(registry)
         pair, draft = load_with_status("embedded", drafter, device, precision)
-        config = SamplerConfig(
-            method="mpfr",
-            max_new_tokens=max_new_tokens,
-            lookahead=DEFAULT_LOOKAHEAD,
-            draft_confidence=DEFAULT_DRAFT_CONFIDENCE,
-        )
+        config = SamplerConfig(method="mpfr", max_new_tokens=max_new_tokens)
         result = run_generation(pair, draft, pair.encode_prompt(prompt), config, key, seed, quiet=as_json)
         detector = Detector(registry.detection_keys([key.key_id]), registry.tokenizer_json)
         generated = detector.detect(result.text, source="generated answer")

@@ -79,6 +79,7 @@ class Setting:
         return SamplerConfig(
             method=self.method,
             lookahead=self.lookahead if self.lookahead is not None else 1,
+            draft_confidence=0.0,  # the paper's fixed lookahead: every branch drafts L levels
             drafts=self.drafts,
             max_new_tokens=info.max_new_tokens,
             target_logits=target,

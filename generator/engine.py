@@ -24,7 +24,7 @@ from wmark.generator.baselines.reweight import mse_block, mws_block, vsps_block
 from wmark.generator.blocks import Block, BlockInputs
 from wmark.generator.clocks import ClockKind, ClockPolicy
 from wmark.generator.logits import LogitsConfig
-from wmark.generator.names import METHOD_NAMES
+from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD, METHOD_NAMES
 from wmark.generator.result import GenerationResult, Timings
 from wmark.generator.speculative import autoregressive_block, tree_block
 from wmark.keymaterial import KeyMaterial
@@ -71,14 +71,16 @@ class SamplerConfig:
 
     Attributes:
         method: one of `METHODS`.
-        lookahead: L, draft depth per block.
-        drafts: B, drafts per block (multi-draft methods only; None: 2 for them, else 1).
+        lookahead: L, draft depth per block (default 6; with `draft_confidence` most branches end
+            sooner). The paper's fixed lookahead is `lookahead=4, draft_confidence=0`.
+        drafts: B, drafts per block (multi-draft methods only; None: 3 for them, else 1).
         max_new_tokens: budget of generated tokens (EOS counts as one).
         target_logits / draft_logits: logits processing of each model (same top-k/top-p by
             default; the draft temperature may differ).
         diversity_bits: surprisal budget of the unkeyed prefix that lets equal prompts differ.
         draft_confidence: dynamic lookahead: a draft branch ends at a token the drafter gave less
-            than this probability (0: always draft L levels). Block lengths only, never the text.
+            than this probability (default 0.8; 0: always draft L levels). Block lengths only,
+            never the text.
         lookup_lookahead: with a prompt-lookup drafter (ngram, auto), branches go on past L to
             this depth with lookup drafts while the text matches (they cost no drafter forward,
             only verify rows); 0 or <= L: off.
@@ -90,13 +92,13 @@ class SamplerConfig:
     """
 
     method: str = "mpfr"
-    lookahead: int = 4
+    lookahead: int = DEFAULT_LOOKAHEAD
     drafts: int | None = None
     max_new_tokens: int = 128
     target_logits: LogitsConfig = field(default_factory=LogitsConfig)
     draft_logits: LogitsConfig = field(default_factory=LogitsConfig)
     diversity_bits: float = 16.0
-    draft_confidence: float = 0.0
+    draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE
     lookup_lookahead: int = 0
     min_reach: float = 0.0
     max_rows: int = 0

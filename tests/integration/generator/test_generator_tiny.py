@@ -38,10 +38,11 @@ def models(tiny_trio) -> dict[str, HFModel]:
 def _run(
     models, method, drafts=None, lookahead=4, drafter="close", draft_t=1.0, seed=5, max_new=MAX_NEW, key=KEY
 ):
-    config = SamplerConfig(
+    config = SamplerConfig(  # the paper's fixed lookahead: every branch drafts `lookahead` levels
         method=method,
         drafts=drafts,
         lookahead=lookahead,
+        draft_confidence=0.0,
         max_new_tokens=max_new,
         draft_logits=LogitsConfig(temperature=draft_t),
     )

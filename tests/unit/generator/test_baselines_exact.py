@@ -166,7 +166,8 @@ def test_acceptance_is_one_minus_tv(method):
 
 def test_mws_is_pfr_race_coupling_at_keyed_positions():
     # Race coupling accepts with probability >= (1 - TV)/(1 + TV) = 0.44 and in fact well above
-    # mse's 1 - TV here; mws must accept exactly when pfr does, key by key.
+    # mse's 1 - TV here; mws must accept exactly when pfr does, key by key. Both draft L levels
+    # (draft_confidence 0): mws, like the other baselines, has no dynamic lookahead.
     target, drafter = FakeLM.fixed(P), FakeLM.fixed(Q)
     same_text = 0
     for i in range(300):
@@ -174,7 +175,9 @@ def test_mws_is_pfr_race_coupling_at_keyed_positions():
             m: generate(
                 target,
                 PROMPT,
-                config=SamplerConfig(method=m, lookahead=3, max_new_tokens=12, diversity_bits=0),
+                config=SamplerConfig(
+                    method=m, lookahead=3, draft_confidence=0.0, max_new_tokens=12, diversity_bits=0
+                ),
                 key=_key(i),
                 drafter=drafter,
                 seed=i,

@@ -102,7 +102,14 @@ def test_acceptance_rises_with_drafts():
     target, drafter = FakeLM.fixed(P), FakeLM.fixed(Q)
     rates = []
     for drafts in (1, 2, 4, 8):
-        config = SamplerConfig(method="mpfr", drafts=drafts, lookahead=4, max_new_tokens=40, diversity_bits=0)
+        config = SamplerConfig(
+            method="mpfr",
+            drafts=drafts,
+            lookahead=4,
+            draft_confidence=0.0,
+            max_new_tokens=40,
+            diversity_bits=0,
+        )
         outs = [
             generate(target, [1, 2, 3, 4], config=config, key=_key(i), drafter=drafter, seed=i)
             for i in range(200)
