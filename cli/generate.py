@@ -94,7 +94,10 @@ def generate_cmd(
     ] = None,
     draft_confidence: Annotated[
         float,
-        typer.Option(help="Dynamic lookahead: end a draft branch below this drafter probability (0: off)."),
+        typer.Option(
+            help="Dynamic lookahead (pfr, pfr-nowm, mpfr, gls): end a draft branch below this drafter"
+            " probability (0: off). vsps, mws, mse and mse-pseudo always draft L tokens, as their papers do."
+        ),
     ] = DEFAULT_DRAFT_CONFIDENCE,
     lookup_lookahead: Annotated[
         int,

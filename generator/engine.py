@@ -80,7 +80,8 @@ class SamplerConfig:
         diversity_bits: surprisal budget of the unkeyed prefix that lets equal prompts differ.
         draft_confidence: dynamic lookahead: a draft branch ends at a token the drafter gave less
             than this probability (default 0.8; 0: always draft L levels). Block lengths only,
-            never the text.
+            never the text. The tree samplers (pfr, pfr-nowm, mpfr, gls) only: the chain
+            baselines (vsps, mws, mse, mse-pseudo) draft L tokens, as their papers define them.
         lookup_lookahead: with a prompt-lookup drafter (ngram, auto), branches go on past L to
             this depth with lookup drafts while the text matches (they cost no drafter forward,
             only verify rows); 0 or <= L: off.
