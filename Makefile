@@ -25,8 +25,9 @@ $(STAMP): $(PY) pyproject.toml core/_fastprf.c generator/cpu/_tree_attention.c g
 dev: $(STAMP)  ## install everything into .venv (rerun after adding a module)
 	$(PIP) install -q -e . --no-deps --config-settings editable_mode=strict
 
-check: dev  ## ruff, mypy --strict, import contracts
+check: dev  ## ruff (lint and format), mypy --strict, import contracts
 	$(VENV)/bin/ruff check core detector scan generator eval keys api cli integrations tests bench
+	$(VENV)/bin/ruff format --check core detector scan generator eval keys api cli integrations tests bench
 	$(VENV)/bin/mypy -p wmark
 	$(VENV)/bin/lint-imports
 

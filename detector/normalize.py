@@ -303,6 +303,7 @@ def _canonical(text: str) -> NormalizedText:
 
     def drop_blank_line() -> None:  # a line of spaces only (its indentation, so far) goes
         del chars[line_start:], starts[line_start:], ends[line_start:]
+
     for s, e in _clusters(text):
         cluster = "".join(ch for ch in text[s:e] if not is_invisible(ch))
         if cluster == "\r" and e < len(text) and text[e] == "\n":

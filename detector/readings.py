@@ -72,9 +72,7 @@ _CODE_BLOCK = re.compile(r"^([ \t]*```)([^\n]*\n)(.*?)(^[ \t]*```|\Z)", re.M | r
 _PYTHON_TAGS = frozenset({"", "py", "python", "python3"})
 # a comment's first letter, or a docstring's: right after its quotes, or on the next line when
 # the quotes open the body of a def or class (a closing quote is followed by a line break)
-_COMMENT_START = re.compile(
-    r"(#+[ \t]*|//[ \t]*|:\n[ \t]*(?:\"\"\"|\'\'\')\s*|\"\"\"|\'\'\')([a-z])"
-)
+_COMMENT_START = re.compile(r"(#+[ \t]*|//[ \t]*|:\n[ \t]*(?:\"\"\"|\'\'\')\s*|\"\"\"|\'\'\')([a-z])")
 # the section headings of Google- and NumPy-style docstrings, alone on their line
 _DOC_SECTION = re.compile(
     r"^([ \t]+)(args|arguments|returns|raises|yields|examples?|notes?|attributes|parameters)(?=:?\n)", re.M

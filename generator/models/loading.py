@@ -246,9 +246,7 @@ def load_pair(
     static = static_plan(device)
 
     def wrap(model: PreTrainedModel, name: str) -> HFModel:
-        return HFModel(
-            model, eos, name=name, tokenizer_sha256=sha, gemm_threads=threads, static=static
-        )
+        return HFModel(model, eos, name=name, tokenizer_sha256=sha, gemm_threads=threads, static=static)
 
     return ModelPair(
         target=wrap(target_model, str(target)),

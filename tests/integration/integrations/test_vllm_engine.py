@@ -126,4 +126,3 @@ def test_opt_outs_need_an_allowed_token_and_penalties_are_refused(served):
             llm.generate(prompt, refused)
     allowed = SamplingParams(temperature=0.0, max_tokens=4, extra_args={"wmark_token": OPT_OUT})
     assert len(llm.generate(prompt, allowed)[0].outputs[0].token_ids) == 4
-

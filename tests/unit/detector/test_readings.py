@@ -180,8 +180,6 @@ def test_the_title_case_bound_never_rules_out_title_case_text() -> None:
     assert answers == {True, False}
 
 
-
-
 def test_sentence_case_capitalises_markdown_sentence_starts() -> None:
     answer = (
         "Sleep helps in three ways:\n\n1. **Rebuilding cells:** When we sleep, cells mend.\n"
@@ -207,11 +205,16 @@ def test_case_forms_list_words_a_vocabulary_writes_capitalised() -> None:
     from wmark.detector.readings import case_forms
 
     vocab = {
-        "\u0120the": 10, "\u0120The": 20,  # lower case first: not listed
-        "\u0120Texas": 100, "\u0120texas": 900,  # capitalised far earlier: listed
-        "\u0120However": 40, "\u0120however": 50,  # starts sentences, but common lower case too
+        "\u0120the": 10,
+        "\u0120The": 20,  # lower case first: not listed
+        "\u0120Texas": 100,
+        "\u0120texas": 900,  # capitalised far earlier: listed
+        "\u0120However": 40,
+        "\u0120however": 50,  # starts sentences, but common lower case too
         "\u0120NASA": 300,  # no lower-case token at all
-        "\u2581Paris": 70, "\u0120iPhone": 5, "Texan": 1,  # SentencePiece; odd casing; no space
+        "\u2581Paris": 70,
+        "\u0120iPhone": 5,
+        "Texan": 1,  # SentencePiece; odd casing; no space
     }
     assert case_forms(vocab) == {"texas": "Texas", "nasa": "NASA", "paris": "Paris"}
 

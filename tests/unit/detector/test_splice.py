@@ -189,9 +189,23 @@ def _blank_lines_text(rng: np.random.Generator) -> str:
 
 
 BLANK_CASES = [
-    "a\n   \nb", "a\n\t\nb", "a\r\n \r\nb", "a\n\u00a0\nb", "   \nb", "a\n   ", "a\n\n   ", "   ",
-    "a\n" + " " * 40 + "\nb", "a\n" + " " * 40, " " * 40 + "\nb", "a\n \n \n \nb", "a\n\n \n\nb",
-    "def f(x):\n    y = x\n    \n    return y\n", "x  \n \t \n  y \n", "a\n \t\n\tb", "a\n\x1f\nb",
+    "a\n   \nb",
+    "a\n\t\nb",
+    "a\r\n \r\nb",
+    "a\n\u00a0\nb",
+    "   \nb",
+    "a\n   ",
+    "a\n\n   ",
+    "   ",
+    "a\n" + " " * 40 + "\nb",
+    "a\n" + " " * 40,
+    " " * 40 + "\nb",
+    "a\n \n \n \nb",
+    "a\n\n \n\nb",
+    "def f(x):\n    y = x\n    \n    return y\n",
+    "x  \n \t \n  y \n",
+    "a\n \t\n\tb",
+    "a\n\x1f\nb",
 ]
 # every length of run, so that the vocabulary splits some before a token that starts with "\n"
 BLANK_CASES += [
