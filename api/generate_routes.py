@@ -37,6 +37,7 @@ from wmark.api.openai_schemas import (
 )
 from wmark.errors import InputError, WmarkError
 from wmark.generator.result import GenerationResult
+from wmark.generator.text_stream import TextStream
 from wmark.keys.audit import text_digest
 from wmark.keys.tokens import TokenInfo
 
@@ -214,23 +215,15 @@ class _Reply:
         self.model = model
         self.id = response_id(chat)
         self.created = int(time.time())
-        self._decode = decode
-        self._ids: list[int] = []
-        self._sent = ""
+        self._text = TextStream(decode)
 
     def delta(self, ids: Sequence[int]) -> str:
-        """The text the new tokens add, held back while it ends mid-character (byte-level BPE)
-        or is not yet an extension of what was sent (a decoder that rewrites earlier text)."""
-        self._ids.extend(ids)
-        text = self._decode(self._ids)
-        if text.endswith("\ufffd") or not text.startswith(self._sent):
-            return ""
-        new, self._sent = text[len(self._sent) :], text
-        return new
+        """The text the new tokens add (`TextStream.delta`)."""
+        return self._text.delta(ids)
 
     def rest(self, result: GenerationResult) -> str:
         """What the stream has not sent of the final text."""
-        return result.text[len(self._sent) :] if result.text.startswith(self._sent) else ""
+        return self._text.rest(result.text)
 
     def chunk(self, text: str = "", **fields: Any) -> dict[str, Any]:
         """A stream chunk."""

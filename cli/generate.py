@@ -45,10 +45,35 @@ def run_generation(
     seed: int | None,
     *,
     quiet: bool = False,
+    stream: bool = False,
 ) -> GenerationResult:
-    """Generate with a progress bar on stderr (tokens so far over the budget)."""
+    """Generate with a progress bar on stderr (tokens so far over the budget), or, with
+    `stream`, printing the text to stdout block by block as it comes (`TextStream`: never a
+    broken character; what is printed is the final text, ended by a newline)."""
     from wmark.generator.engine import generate
 
+    if stream:
+        from wmark.generator.text_stream import TextStream
+
+        text = TextStream(pair.decode)
+
+        def show(piece: str) -> None:
+            if piece:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+
+        result = generate(
+            pair.target,
+            prompt_ids,
+            config=config,
+            key=key,
+            drafter=drafter,
+            seed=seed,
+            decode=pair.decode,
+            on_emit=lambda ids: show(text.delta(ids)),
+        )
+        show(text.rest(result.text) + "\n")
+        return result
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -120,6 +145,13 @@ def generate_cmd(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text, token_ids, blocks, aatps, ...).")
     ] = False,
+    stream: Annotated[
+        bool | None,
+        typer.Option(
+            "--stream/--no-stream",
+            help="Print the text as it is generated (default: when stdout is a terminal and not --json).",
+        ),
+    ] = None,
 ) -> None:
     """Generate watermarked text (exactly the target's distribution; the drafter only speeds it up).
 
@@ -128,6 +160,10 @@ def generate_cmd(
       wmark generate "Explain like I'm five: why is the sky blue?"
       wmark generate --method pfr --lookahead 4 --seed 7 --json "Write a haiku about rain"
     """
+    if stream and as_json:
+        raise InputError("--stream prints the text as it comes, --json one object at the end: choose one")
+    if stream is None:
+        stream = not as_json and sys.stdout.isatty()
     if prompt is None and prompt_file is None:
         raise InputError("give a PROMPT or --prompt-file")
     if prompt is not None and prompt_file is not None:
@@ -162,12 +198,20 @@ def generate_cmd(
             material = registry.generation_key(key)
     pair, draft = load_with_status(target, drafter if spec.speculative else None, device, precision)
     result = run_generation(
-        pair, draft, pair.encode_prompt(prompt, chat=chat), config, material, seed, quiet=as_json
+        pair,
+        draft,
+        pair.encode_prompt(prompt, chat=chat),
+        config,
+        material,
+        seed,
+        quiet=as_json,
+        stream=stream,
     )
     if as_json:
         print_json(result.to_dict())
         return
-    typer.echo(result.text)
+    if not stream:
+        typer.echo(result.text)
     err_console.print(
         f"[dim]{len(result.token_ids)} tokens, {result.method}, key {result.key_id or '-'}, "
         f"AATPS {result.aatps:.2f}, {result.tokens_per_s:.2f} tokens/s[/]",

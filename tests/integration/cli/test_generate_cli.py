@@ -148,6 +148,7 @@ def test_prompt_file_and_chat_template_free_models(dirs, tmp_path):
         (["--raw", "--key", "wk_unknown", "w1 w2"], "no key with id"),
         (["--raw", "--prompt-file", "/nonexistent/prompt.txt"], "no such file"),
         (["--raw", "--device", "tpu", "w1 w2"], "device"),
+        (["--raw", "--stream", "w1 w2"], "--stream prints the text as it comes, --json one object"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(dirs, args, message):
@@ -183,7 +184,8 @@ def test_key_bound_to_another_tokenizer_is_refused(dirs):
 
 
 def test_cli_defaults_are_the_measured_dynamic_lookahead(dirs, monkeypatch):
-    """`wmark generate` drafts with the CPU-measured defaults (BENCHMARKS.md), not the library's 0 / L = 4."""
+    """`wmark generate` drafts with the CPU-measured defaults (BENCHMARKS.md; `SamplerConfig`'s own
+    since 2026-12-07), not the paper's fixed L = 4."""
     import wmark.generator.engine as engine
 
     seen: list[engine.SamplerConfig] = []
@@ -198,3 +200,28 @@ def test_cli_defaults_are_the_measured_dynamic_lookahead(dirs, monkeypatch):
     result = _generate(dirs, "--raw", "--max-new-tokens", "8", "--seed", "1", "w10 w11 w12")
     assert result.exit_code == 0, result.output
     assert (seen[0].draft_confidence, seen[0].lookahead) == (0.8, 6)
+
+
+def test_stream_prints_the_text_as_it_comes_and_nothing_else(dirs, monkeypatch):
+    from wmark.generator.text_stream import TextStream
+
+    _key(dirs)
+    args = ["--target", str(dirs["target"]), "--drafter", str(dirs["drafter"]), "--precision", "exact-fp32"]
+    args += ["--raw", "--max-new-tokens", "40", "--seed", "2", "w10 w11 w12"]
+    whole = runner.invoke(app, ["generate", "--no-stream", *args])
+    assert whole.exit_code == 0, whole.output
+    pieces: list[str] = []
+    real = TextStream.delta
+
+    def recording(self: TextStream, ids: list[int]) -> str:
+        pieces.append(real(self, ids))
+        return pieces[-1]
+
+    monkeypatch.setattr(TextStream, "delta", recording)
+    streamed = runner.invoke(app, ["generate", "--stream", *args])
+    assert streamed.exit_code == 0, streamed.output
+    assert streamed.stdout == whole.stdout  # the same text and final newline, nothing else on stdout
+    assert sum(1 for piece in pieces if piece) > 1  # printed block by block, not at the end
+    printed = len(pieces)
+    assert runner.invoke(app, ["generate", *args]).stdout == whole.stdout
+    assert len(pieces) == printed  # the default: stdout here is not a terminal, so no stream
