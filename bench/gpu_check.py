@@ -52,6 +52,7 @@ import argparse
 import copy
 import hashlib
 import importlib.util
+import io
 import json
 import statistics
 import sys
@@ -479,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=1, help="CPU threads (--device cpu; 1 resists a busy machine)"
     )
     args = parser.parse_args(argv)
+    # every line reaches the caller as it is printed: a run stopped at its time limit keeps
+    # what it measured (a pipe is block-buffered by default)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
