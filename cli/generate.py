@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -49,20 +50,13 @@ def run_generation(
 ) -> GenerationResult:
     """Generate with a progress bar on stderr (tokens so far over the budget), or, with
     `stream`, printing the text to stdout block by block as it comes (`TextStream`: never a
-    broken character; what is printed is the final text, ended by a newline)."""
+    broken character; the whole text ends with a newline)."""
     from wmark.generator.engine import generate
 
-    if stream:
-        from wmark.generator.text_stream import TextStream
-
-        text = TextStream(pair.decode)
-
-        def show(piece: str) -> None:
-            if piece:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-
-        result = generate(
+    def run(
+        on_emit: Callable[[Sequence[int]], None] | None = None, on_block: Callable[[int], None] | None = None
+    ) -> GenerationResult:
+        return generate(
             pair.target,
             prompt_ids,
             config=config,
@@ -70,9 +64,16 @@ def run_generation(
             drafter=drafter,
             seed=seed,
             decode=pair.decode,
-            on_emit=lambda ids: show(text.delta(ids)),
+            on_emit=on_emit,
+            on_block=on_block,
         )
-        show(text.rest(result.text) + "\n")
+
+    if stream:
+        from wmark.generator.text_stream import TextStream
+
+        text = TextStream(pair.decode)
+        result = run(on_emit=lambda ids: _show(text.delta(ids)))
+        _show(text.rest(result.text) + "\n")
         return result
     progress = Progress(
         SpinnerColumn(),
@@ -86,16 +87,14 @@ def run_generation(
     )
     with progress:
         task = progress.add_task(f"generating ({config.method})", total=config.max_new_tokens)
-        return generate(
-            pair.target,
-            prompt_ids,
-            config=config,
-            key=key,
-            drafter=drafter,
-            seed=seed,
-            decode=pair.decode,
-            on_block=lambda n: progress.update(task, completed=n),
-        )
+        return run(on_block=lambda n: progress.update(task, completed=n))
+
+
+def _show(piece: str) -> None:
+    """Print a piece of streamed text now (stdout is line- or block-buffered)."""
+    if piece:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
 
 
 def generate_cmd(
