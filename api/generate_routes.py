@@ -36,7 +36,6 @@ from wmark.api.openai_schemas import (
     usage,
 )
 from wmark.errors import InputError, WmarkError
-from wmark.generator.result import GenerationResult
 from wmark.generator.text_stream import TextStream
 from wmark.keys.audit import text_digest
 from wmark.keys.tokens import TokenInfo
@@ -215,15 +214,7 @@ class _Reply:
         self.model = model
         self.id = response_id(chat)
         self.created = int(time.time())
-        self._text = TextStream(decode)
-
-    def delta(self, ids: Sequence[int]) -> str:
-        """The text the new tokens add (`TextStream.delta`)."""
-        return self._text.delta(ids)
-
-    def rest(self, result: GenerationResult) -> str:
-        """What the stream has not sent of the final text."""
-        return self._text.rest(result.text)
+        self.text = TextStream(decode)  # the streamed text, delta by delta
 
     def chunk(self, text: str = "", **fields: Any) -> dict[str, Any]:
         """A stream chunk."""
@@ -285,7 +276,7 @@ async def _stream(job: Job, first: Event, reply: _Reply, *, include_usage: bool)
             yield sse(reply.chunk(role=True))
         async for event in _events(job, first):
             if isinstance(event, Tokens):
-                text = reply.delta(event.ids)
+                text = reply.text.delta(event.ids)
                 if text:
                     yield sse(reply.chunk(text))
                 continue
@@ -301,7 +292,9 @@ async def _stream(job: Job, first: Event, reply: _Reply, *, include_usage: bool)
             assert isinstance(event, Finished)
             result = event.result
             finish = _FINISH.get(result.stop_reason, "stop")
-            yield sse(reply.chunk(reply.rest(result), finish_reason=finish, wmark=_extension(event)))
+            yield sse(
+                reply.chunk(reply.text.rest(result.text), finish_reason=finish, wmark=_extension(event))
+            )
             if include_usage:
                 yield sse(
                     reply.chunk(usage=usage(len(result.prompt_ids), len(result.token_ids)), choices=False)

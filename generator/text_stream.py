@@ -29,11 +29,6 @@ class TextStream:
         self._ids: list[int] = []
         self._sent = ""
 
-    @property
-    def sent(self) -> str:
-        """The text handed out so far."""
-        return self._sent
-
     def delta(self, ids: Sequence[int]) -> str:
         """The text the new tokens `ids` add, held back ("") while it ends mid-character or is
         not yet an extension of what was handed out."""

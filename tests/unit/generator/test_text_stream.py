@@ -44,7 +44,7 @@ def test_text_a_decoder_rewrites_is_held_back_until_it_extends_what_was_sent():
     text = TextStream(decode)
     assert text.delta([1]) == "w1"
     assert text.delta([2]) == " w2"
-    assert text.sent == "w1 w2"
+    assert text.rest("w1 w2 w3") == " w3"  # what was handed out is "w1 w2"
 
     def rewrites(ids: Sequence[int]) -> str:
         return "ab" if len(ids) == 1 else "xyz"  # the second token changes the first's text
