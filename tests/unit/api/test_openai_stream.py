@@ -1,5 +1,5 @@
-"""Stream text deltas: what is sent is always a prefix of the final text, and never half a
-character (byte-level BPE decodes a split UTF-8 sequence to U+FFFD until its last byte comes)."""
+"""The service's stream reply: its text deltas are always a prefix of the final text, and never
+half a character (byte-level BPE decodes a split UTF-8 sequence to U+FFFD until its last byte comes)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ def _decode(ids: Sequence[int]) -> str:
 
 def test_deltas_wait_for_whole_characters():
     reply = _Reply(chat=True, model="m", decode=_decode)
-    assert [reply.delta([i]) for i in (1, 2, 3, 4)] == ["caf", "", "é", " ok"]
+    assert [reply.text.delta([i]) for i in (1, 2, 3, 4)] == ["caf", "", "é", " ok"]
 
 
 def test_a_decoder_that_rewrites_earlier_text_is_held_until_the_end():
     texts = iter(["a b", "ab c", "ab cd"])  # the second decode rewrites "a b": not an extension
     reply = _Reply(chat=False, model="m", decode=lambda _ids: next(texts))
-    assert reply.delta([1]) == "a b"
-    assert reply.delta([2]) == "" and reply.delta([3]) == ""  # nothing sent that must be taken back
+    assert reply.text.delta([1]) == "a b"
+    assert reply.text.delta([2]) == "" and reply.text.delta([3]) == ""  # nothing sent that must be taken back
