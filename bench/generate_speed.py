@@ -34,6 +34,7 @@ from wmark.eval.models import prompt_encoder
 from wmark.eval.prompts import load_prompt_set
 from wmark.generator.cpu import _int8_gemm
 from wmark.generator.drafters.build import build_drafter, drafter_model_source
+from wmark.generator.drafters.hybrid import HybridDrafter
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.models.embedded import embedded_tokenizer_json
 from wmark.generator.models.loading import load_pair, resolve_source
@@ -74,6 +75,10 @@ SETTINGS = {
     # the default with the draft model's weights kept 8-bit (where the CPU would cut them to 4)
     "default int8 drafter": Setting("mpfr", None, DEFAULT_LOOKAHEAD, "auto@8", DEFAULT_DRAFT_CONFIDENCE),
     "default confidence=0": Setting("mpfr", None, DEFAULT_LOOKAHEAD, "auto", 0.0),
+    # the default with the draft model reading the whole prompt (it reads the last MODEL_CONTEXT)
+    "default whole-prompt drafter": Setting(
+        "mpfr", None, DEFAULT_LOOKAHEAD, "auto~0", DEFAULT_DRAFT_CONFIDENCE
+    ),
 }
 CLASSIC = ["basic-uwm", "pfr L=4", "pfr-nowm L=4", "mpfr B=2 L=4", "mpfr B=4 L=4", "mpfr B=8 L=4"]
 
@@ -154,7 +159,8 @@ def main() -> None:
         "--settings",
         default=",".join(CLASSIC),
         help=f"comma-separated rows: {', '.join(SETTINGS)}, "
-        "or method:B:L:drafter:confidence[:lookup[:reach[:rows]]]",
+        "or method:B:L:drafter:confidence[:lookup[:reach[:rows]]] (drafter auto~N: the default "
+        "hybrid with its model reading the prompt's last N tokens, 0: all of it)",
     )
     args = parser.parse_args()
     names = [n.strip() for n in args.settings.split(",")]
@@ -177,12 +183,17 @@ def main() -> None:
     # cut of the others is in place)
     wanted = {s.drafter for s in (SETTINGS[n] for n in names) if s.drafter is not None}
     drafters = {}
+    # "auto~N": the default hybrid with its draft model reading the prompt's last N tokens (0: all)
     for d in sorted(wanted, key=lambda d: not d.endswith("@8")):
         name, eight = d.removesuffix("@8"), d.endswith("@8")
+        name, _, context = name.partition("~")
         model = pair.drafter if drafter_model_source(name, "embedded") else None
         if eight and model is not None:
             model = copy.deepcopy(model)
         drafters[d] = build_drafter(name, pair.target, model, int4=False if eight else None)
+        if context:
+            assert isinstance(drafters[d], HybridDrafter), f"{d}: a context applies to the auto drafter"
+            drafters[d] = HybridDrafter(drafters[d].model, context=int(context) or None)
     prompts: list[tuple[str, list[int]]] = []
     if args.prompt_sets:
         encode = prompt_encoder(pair, chat=True)

@@ -3,8 +3,9 @@
 - `ngram`: prompt lookup alone (`wmark.generator.drafters.prompt_lookup`): no model, no drafter forward.
 - `embedded`: the embedded 0.5B drafter, its output layer cut to the common tokens
   (`wmark.generator.drafters.truncated_head`).
-- `auto` (default): prompt lookup where the text repeats, the embedded drafter elsewhere
-  (`wmark.generator.drafters.hybrid`); with a target other than the embedded one, prompt lookup.
+- `auto` (default): prompt lookup where the text repeats, the embedded drafter elsewhere, reading
+  the prompt's last `MODEL_CONTEXT` tokens (`wmark.generator.drafters.hybrid`); with a target
+  other than the embedded one, prompt lookup.
 - a model folder or cached HF id: that model as it is.
 
 A draft model runs a drafter's `ForwardPlan` (stock SDPA, threads tuned per row count) unless

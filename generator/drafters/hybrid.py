@@ -6,6 +6,10 @@ model, and only then: a node is fed to the model (with any ancestors it has not 
 one batched forward of the level that needs it. A block drafted wholly from the text costs no
 drafter forward; the model catches up on the accepted tokens in its next forward, which it
 runs anyway. Which drafter proposed where changes block lengths only, never the text.
+
+The model reads only the prompt's last `MODEL_CONTEXT` tokens (the lookup index reads all of
+it): its prefill is paid before the first token, and on a long prompt reading the whole cost
+more than the acceptance it bought; what the prompt says further back, lookup still copies.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from wmark.generator.drafters.prompt_lookup import (
     proposal_logits,
 )
 
-__all__ = ["HybridDrafter", "HybridSession", "Rate", "ShortMatchRule"]
+__all__ = ["MODEL_CONTEXT", "HybridDrafter", "HybridSession", "Rate", "ShortMatchRule"]
 
 
 ROOT = -1
@@ -43,6 +47,15 @@ MODEL_MARGIN = 0.2
 short match: a model row costs a drafter forward (c, a fraction of a target forward: BENCHMARKS.md,
 "Generation speed on CPU"), a lookup row nothing, and an accepted draft saves at most about one
 target forward."""
+
+
+MODEL_CONTEXT = 128
+"""Prompt tokens the draft model reads (the last ones): its prefill, paid before the first
+token and not sped up by drafting, follows this and not the prompt. Measured side by side on a
+Zen 4 EPYC (BENCHMARKS.md, "Generation speed on CPU"): on ~850-token prompts the whole prompt
+cost the 0.5B drafter ~1 s of prefill each and the default fell to 0.94x `basic-uwm`, with 128
+tokens 1.02x (64: 1.04x); on the ~160-token built-in summaries 128 kept the whole prompt's
+acceptance (1.34x against 1.35x) where 64 lost it (AATPS 2.39 -> 2.16, 1.26x)."""
 
 
 @dataclass
@@ -93,7 +106,9 @@ class HybridSession:
     def __init__(self, drafter: HybridDrafter, prompt_ids: Sequence[int]) -> None:
         self.vocab_size = drafter.vocab_size
         self.index = SuffixIndex(prompt_ids, min_match=drafter.min_match, max_match=drafter.max_match)
-        self.model: Session = drafter.model.session(prompt_ids)
+        # the model's view: the prompt's last `context` tokens (all of it where context is None)
+        tail = prompt_ids[-drafter.context :] if drafter.context else prompt_ids
+        self.model: Session = drafter.model.session(tail)
         self.nodes = NodeTable()
         self.model_ids: list[int] = []  # per node: its id in the model's session, -1 until fed
         self.fed = 0  # nodes fed to the model since the last accept
@@ -225,12 +240,23 @@ def _stack(rows: list[torch.Tensor], vocab_size: int) -> torch.Tensor:
 
 
 class HybridDrafter:
-    """Prompt lookup backed by a draft model (which must share the target's vocabulary)."""
+    """Prompt lookup backed by a draft model (which must share the target's vocabulary).
+
+    `context`: prompt tokens the model reads (its last ones; None: the whole prompt).
+    """
 
     def __init__(
-        self, model: LanguageModel, *, min_match: int = MIN_MATCH, max_match: int = MAX_MATCH
+        self,
+        model: LanguageModel,
+        *,
+        min_match: int = MIN_MATCH,
+        max_match: int = MAX_MATCH,
+        context: int | None = MODEL_CONTEXT,
     ) -> None:
+        if context is not None and context < 1:
+            raise ValueError(f"context must be at least 1 token, got {context}")
         self.model = model
+        self.context = context
         self.vocab_size = model.vocab_size
         self.eos_token_ids = model.eos_token_ids
         self.tokenizer_sha256 = model.tokenizer_sha256

@@ -62,6 +62,7 @@ def _drafters(models, truncated):
         "ngram": PromptLookup(VOCAB, frozenset({EOS})),
         "ngram-1": PromptLookup(VOCAB, frozenset({EOS}), min_match=1),
         "hybrid-close": HybridDrafter(models["close"]),
+        "hybrid-close-last-4": HybridDrafter(models["close"], context=4),  # the model reads 4 prompt tokens
         "hybrid-unrelated": HybridDrafter(models["unrelated"]),
         "truncated-close": truncated,
         "hybrid-truncated": HybridDrafter(truncated),
@@ -264,6 +265,26 @@ def test_prefill_runs_apart_and_changes_nothing(models):
     assert t.total == pytest.approx(t.prefill + t.decode)
     fake = _run(FakeLM.fixed(np.full(VOCAB, 1 / VOCAB)), PromptLookup(VOCAB, frozenset({EOS})))
     assert fake.timings.prefill == 0.0  # sessions without a prefill step: nothing to time apart
+
+
+def test_the_draft_model_reads_the_prompts_last_tokens_and_lookup_all_of_it(models):
+    seen = []
+
+    class Recording:
+        vocab_size, eos_token_ids, tokenizer_sha256 = VOCAB, frozenset({EOS}), None
+
+        def session(self, prompt_ids):
+            seen.append(list(prompt_ids))
+            return models["close"].session(prompt_ids)
+
+    session = HybridDrafter(Recording(), context=4).session(PROMPT)
+    assert seen == [PROMPT[-4:]]
+    found = session.index.match(PROMPT[:3])  # "17 42 99": only in the prompt's first 12 tokens
+    assert found is not None and set(found[0]) == {3}  # lookup still reads the whole prompt
+    HybridDrafter(Recording(), context=None).session(PROMPT)
+    assert seen[-1] == PROMPT
+    with pytest.raises(ValueError, match="context"):
+        HybridDrafter(Recording(), context=0)
 
 
 def test_short_matches_yield_to_the_model_where_its_drafts_hold_the_target_better():
