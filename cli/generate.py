@@ -50,7 +50,8 @@ def run_generation(
 ) -> GenerationResult:
     """Generate with a progress bar on stderr (tokens so far over the budget), or, with
     `stream`, printing the text to stdout block by block as it comes (`TextStream`: never a
-    broken character; the whole text ends with a newline)."""
+    broken character; the whole text ends with a newline), a spinner on stderr until the first
+    block."""
     from wmark.generator.engine import generate
 
     def run(
@@ -72,7 +73,20 @@ def run_generation(
         from wmark.generator.text_stream import TextStream
 
         text = TextStream(pair.decode)
-        result = run(on_emit=lambda ids: _show(text.delta(ids)))
+        # the prompt's prefill comes before any text (seconds for a long prompt on a CPU): a
+        # spinner on stderr until the first block, stopped before anything is printed
+        waiting = err_console.status(f"reading the prompt ({len(prompt_ids)} tokens)")
+        if not quiet:
+            waiting.start()
+
+        def emit(ids: Sequence[int]) -> None:
+            waiting.stop()
+            _show(text.delta(ids))
+
+        try:
+            result = run(on_emit=emit)
+        finally:
+            waiting.stop()
         _show(text.rest(result.text) + "\n")
         return result
     progress = Progress(

@@ -225,3 +225,40 @@ def test_stream_prints_the_text_as_it_comes_and_nothing_else(dirs, monkeypatch):
     printed = len(pieces)
     assert runner.invoke(app, ["generate", *args]).stdout == whole.stdout
     assert len(pieces) == printed  # the default: stdout here is not a terminal, so no stream
+
+
+def test_stream_shows_a_spinner_while_the_prompt_is_read_and_stops_it_before_the_text(dirs, monkeypatch):
+    import wmark.cli.generate as generate_cli
+
+    events: list[str] = []
+
+    class Spinner:  # rich's Status, as the command uses it
+        def __init__(self, message: str) -> None:
+            events.append(message)
+
+        def start(self) -> None:
+            events.append("start")
+
+        def stop(self) -> None:
+            events.append("stop")
+
+        def update(self, message: str) -> None:
+            pass
+
+        def __enter__(self) -> Spinner:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    _key(dirs)
+    monkeypatch.setattr(generate_cli.err_console, "status", Spinner)
+    monkeypatch.setattr(generate_cli, "_show", lambda piece: events.append("text") if piece else None)
+    args = ["--target", str(dirs["target"]), "--drafter", str(dirs["drafter"]), "--precision", "exact-fp32"]
+    result = runner.invoke(
+        app, ["generate", "--stream", *args, "--raw", "--max-new-tokens", "12", "--seed", "2", "w10 w11 w12"]
+    )
+    assert result.exit_code == 0, result.output
+    shown = events[events.index("reading the prompt (3 tokens)") :]
+    assert shown[1] == "start" and "text" in shown
+    assert "stop" in shown[: shown.index("text")]  # stopped before the first text: never drawn over it
