@@ -4,8 +4,8 @@
 - `embedded`: the embedded 0.5B drafter, its output layer cut to the common tokens
   (`wmark.generator.drafters.truncated_head`).
 - `auto` (default): prompt lookup where the text repeats, the embedded drafter elsewhere, reading
-  the prompt's last `MODEL_CONTEXT` tokens (`wmark.generator.drafters.hybrid`); with a target
-  other than the embedded one, prompt lookup.
+  the prompt's last `MODEL_CONTEXT` tokens on a CPU and all of it on a GPU
+  (`wmark.generator.drafters.hybrid`); with a target other than the embedded one, prompt lookup.
 - a model folder or cached HF id: that model as it is.
 
 A draft model runs a drafter's `ForwardPlan` (stock SDPA, threads tuned per row count) unless
@@ -20,7 +20,7 @@ Every choice leaves the text unchanged (the target's race winners); it moves spe
 from __future__ import annotations
 
 from wmark.generator.backend import LanguageModel
-from wmark.generator.drafters.hybrid import HybridDrafter
+from wmark.generator.drafters.hybrid import MODEL_CONTEXT, HybridDrafter
 from wmark.generator.drafters.int4_weights import cut_to_int4, int4_pays
 from wmark.generator.drafters.prompt_lookup import PromptLookup
 from wmark.generator.drafters.truncated_head import TruncatedHead, truncate_head
@@ -58,4 +58,11 @@ def build_drafter(
         if int4_pays() if int4 is None else int4:
             cut_to_int4(model.model)
         model.plan = ForwardPlan.drafter(model.model, model.plan.gemm_threads)
-    return HybridDrafter(model) if drafter == AUTO else model
+    if drafter != AUTO:
+        return model
+    # The draft model reads the prompt's tail where it runs on a CPU, whose prefill is
+    # compute-bound (~1 ms a token for the 0.5B drafter: `MODEL_CONTEXT`); on a GPU a prompt's
+    # prefill costs about one forward, so it reads the whole prompt and keeps the acceptance.
+    device = getattr(model, "device", None)
+    on_cpu = device is None or device.type == "cpu"
+    return HybridDrafter(model, context=MODEL_CONTEXT if on_cpu else None)

@@ -7,9 +7,11 @@ one batched forward of the level that needs it. A block drafted wholly from the 
 drafter forward; the model catches up on the accepted tokens in its next forward, which it
 runs anyway. Which drafter proposed where changes block lengths only, never the text.
 
-The model reads only the prompt's last `MODEL_CONTEXT` tokens (the lookup index reads all of
-it): its prefill is paid before the first token, and on a long prompt reading the whole cost
-more than the acceptance it bought; what the prompt says further back, lookup still copies.
+On a CPU the model reads only the prompt's last `MODEL_CONTEXT` tokens (the lookup index reads
+all of it): its prefill is paid before the first token, and on a long prompt reading the whole
+cost more than the acceptance it bought; what the prompt says further back, lookup still
+copies. (`build_drafter` gives a model on a GPU, where a prefill costs about one forward, the
+whole prompt.)
 """
 
 from __future__ import annotations

@@ -15,7 +15,14 @@ import torch
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.errors import InputError
 from wmark.generator.drafters.build import build_drafter, drafter_model_source
-from wmark.generator.drafters.hybrid import PRIOR_RATE, PRIOR_WEIGHT, HybridDrafter, Rate, ShortMatchRule
+from wmark.generator.drafters.hybrid import (
+    MODEL_CONTEXT,
+    PRIOR_RATE,
+    PRIOR_WEIGHT,
+    HybridDrafter,
+    Rate,
+    ShortMatchRule,
+)
 from wmark.generator.drafters.prompt_lookup import PromptLookup, SuffixIndex, lookup_trust
 from wmark.generator.drafters.truncated_head import TruncatedHead, truncate_head
 from wmark.generator.engine import SamplerConfig, generate
@@ -193,6 +200,10 @@ def test_drafter_names_resolve_to_what_they_say(models):
     hybrid = build_drafter("auto", target, copy.deepcopy(models["close"]))
     assert isinstance(hybrid, HybridDrafter)
     assert hybrid.model.plan.rows_exact is False  # a draft model attends with stock SDPA
+    assert hybrid.context == MODEL_CONTEXT  # on a CPU it reads the prompt's tail
+    on_gpu = FakeLM(VOCAB, lambda _context: np.zeros(VOCAB))
+    on_gpu.device = torch.device("meta")  # as an HFModel on a GPU reports it
+    assert build_drafter("auto", target, on_gpu).context is None  # prefill is cheap there: all of it
     own = copy.deepcopy(models["close"])
     assert build_drafter("/some/drafter", target, own) is own  # used as it is
     assert build_drafter("/some/drafter", target, target) is target
