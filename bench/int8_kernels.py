@@ -9,7 +9,9 @@ one forward over M new tokens after a 200-token prefix (`--sizes`); the drafter 
 weights cut to 4 bits (`wmark.generator.drafters.int4_weights`, what `build_drafter` does on VNNI CPUs).
 `--prefetch near,far,rows` also crosses them with the weight prefetch policies (`_int8_gemm.prefetch`:
 into L1 96 groups ahead, into L2 192 ahead (Intel's default), or near below 9 quantised rows in a
-call (5 with 4-bit weights) and far from there (AMD's)). Every variant gives the
+call (5 with 4-bit weights) and far from there (AMD's)). `--activations two,outliers,one` times
+the target with each way of quantising its rows (`RowInt8Linear.activations`; the default,
+two, alone without it). Every build gives the
 same bits (tests/integration/generator/test_rowwise_int8.py), so only the time differs; the table
 reports milliseconds (medians) and each variant's time over the first one's.
 """
@@ -25,7 +27,9 @@ import time
 import machine
 
 from wmark.generator.cpu import _int8_gemm
+from wmark.generator.cpu.rowwise import ACTIVATIONS
 from wmark.generator.drafters.int4_weights import cut_to_int4
+from wmark.generator.models.fused import int8_layers
 from wmark.generator.models.loading import load_pair
 
 
@@ -41,6 +45,9 @@ def main() -> None:
     )
     parser.add_argument("--prefill", default="200,500", help="comma-separated prompt lengths (tokens)")
     parser.add_argument("--sizes", default="1,9,17,33", help="comma-separated M: new tokens in one forward")
+    parser.add_argument(
+        "--activations", default="two", help="comma-separated target row modes: two, outliers, one"
+    )
     args = parser.parse_args()
     builds = (
         args.kernels.split(",") if args.kernels else [k for k in _int8_gemm.backends() if k != "portable"]
@@ -63,10 +70,17 @@ def main() -> None:
         parser.error("the built-in text is too short for these lengths")
     four = copy.deepcopy(pair.drafter)  # the drafter with 4-bit weights, as build_drafter cuts it
     cut_to_int4(four.model)
-    models = {"target": pair.target, "drafter": pair.drafter, "drafter, 4-bit weights": four}
+    modes = args.activations.split(",")
+    if unknown := set(modes) - set(ACTIVATIONS):
+        parser.error(f"unknown activations {sorted(unknown)}; known: {', '.join(ACTIVATIONS)}")
+    targets = {("target" if modes == ["two"] else f"target, {mode}"): mode for mode in modes}
+    models = {**dict.fromkeys(targets, pair.target), "drafter": pair.drafter, "drafter, 4-bit weights": four}
     times: dict[tuple[str, str, str], list[float]] = {}
     for _ in range(args.rounds):
         for role, model in models.items():
+            if role in targets:
+                for layer in int8_layers(model.model):
+                    layer.activations = targets[role]
             for kernel, (build, policy) in variants.items():
                 _int8_gemm.use_backend(build)
                 _int8_gemm.prefetch(policy)

@@ -1,5 +1,5 @@
 """What two-part activations cost in generation: the default int8 target (each activation row
-quantised in two parts, `RowInt8Linear.residual`) against the same weights with one part (one
+quantised in two parts, `RowInt8Linear.activations` "two") against the same weights with one part (one
 int8 scale per row, as before), side by side.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/int8_residual_speed.py [--limit 4] [--tokens 128]
@@ -21,7 +21,7 @@ import hashlib
 from collections import defaultdict
 
 from generate_speed import SETTINGS, sampler_config
-from quality import _one_part
+from quality import _rows
 
 from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import TextTokenizer
@@ -48,7 +48,7 @@ def main() -> None:
 
     def one_part(model: HFModel) -> HFModel:
         return HFModel(
-            _one_part(copy.deepcopy(model.model)),
+            _rows(copy.deepcopy(model.model), "one"),
             model.eos_token_ids,
             model.name,
             tokenizer_sha256=model.tokenizer_sha256,

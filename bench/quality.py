@@ -8,8 +8,10 @@ decoding session (the forward generation runs: the text after its first token, o
 prompt, is one chain of draft nodes):
 
 - `int8` (the default): smoothed int8 weights (`wmark.generator.models.smoothing`) x int8
-  activations in two parts, the row and what its int8 value left (`RowInt8Linear.residual`),
+  activations in two parts, the row and what its int8 value left (`RowInt8Linear.activations` "two"),
   loaded as `wmark generate` loads it;
+- `int8-fast`: the same weights, each activation row one int8 part plus its 16 largest channels
+  in float32 (`RowInt8Linear.activations` "outliers", `--precision int8-fast`);
 - `int8, one part`: the default with one int8 part per activation row (one scale per row);
 - `int8 before`: neither smoothed nor in two parts (the default until 2026-12-05);
 - `drafter` rows: the draft model as generation runs it (`build_drafter`: its vocabulary head
@@ -70,6 +72,7 @@ TOP_K = 50  # the default SamplerConfig.top_k
 RESAMPLES = 2000  # bootstrap draws of the perplexity ratio's interval
 ROWS = (
     "int8 (default)",
+    "int8-fast",
     "int8, one part",
     "int8 before",
     "drafter (default)",
@@ -190,10 +193,10 @@ def _float_model(path) -> HFModel:  # noqa: ANN001
     )
 
 
-def _one_part(model: torch.nn.Module) -> torch.nn.Module:
-    """`model` (in place) with its activations quantised in one int8 part (no residual)."""
+def _rows(model: torch.nn.Module, activations: str) -> torch.nn.Module:
+    """`model` (in place) with its rows quantised as `activations` says (`RowInt8Linear`)."""
     for layer in int8_layers(model):
-        layer.residual = False
+        layer.activations = activations
     return model
 
 
@@ -247,7 +250,8 @@ def main() -> None:
     before = functools.cache(lambda: _unsmoothed(target_float))
     models: dict[str, Callable[[], HFModel]] = {
         "int8 (default)": lambda: pair.target,
-        "int8, one part": lambda: HFModel(_one_part(copy.deepcopy(pair.target.model)), frozenset()),
+        "int8-fast": lambda: HFModel(_rows(copy.deepcopy(pair.target.model), "outliers"), frozenset()),
+        "int8, one part": lambda: HFModel(_rows(copy.deepcopy(pair.target.model), "one"), frozenset()),
         "int8 before": before,
         "drafter (default)": lambda: _as_drafter(pair.drafter, pair.target),
         "drafter, smoothed": lambda: _as_drafter(_smoothed(drafter_float()), pair.target),

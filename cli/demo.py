@@ -15,7 +15,7 @@ from wmark.cli.common import console, open_registry, print_json
 from wmark.cli.generate import load_with_status, run_generation
 from wmark.detector import Detector
 from wmark.generator.models.embedded import embedded_tokenizer_json
-from wmark.generator.names import AUTO, DRAFTER_HELP
+from wmark.generator.names import AUTO, DRAFTER_HELP, PRECISION_HELP
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 
@@ -44,7 +44,7 @@ def demo(
     max_new_tokens: Annotated[int, typer.Option(help="Token budget of the answer.")] = 128,
     seed: Annotated[int | None, typer.Option(help="Make the run reproducible.")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    precision: Annotated[str, typer.Option(help="auto, int8, exact-fp32, fp32, bf16, fp16.")] = "auto",
+    precision: Annotated[str, typer.Option(help=PRECISION_HELP)] = "auto",
     drafter: Annotated[str, typer.Option(help=f"Drafter: {DRAFTER_HELP}")] = AUTO,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of the report.")

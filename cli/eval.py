@@ -21,7 +21,7 @@ from rich.status import Status
 
 from wmark.cli.common import err_console
 from wmark.errors import InputError
-from wmark.generator.names import METHOD_NAMES
+from wmark.generator.names import METHOD_NAMES, PRECISION_HELP
 
 if TYPE_CHECKING:  # torch, transformers and matplotlib load only when the command runs
     from wmark.eval.rows import EvalRow
@@ -111,9 +111,7 @@ def eval_cmd(
     ] = 0.0,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the target's chat template.")] = True,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    precision: Annotated[
-        str, typer.Option(help="auto (int8 on CPU, bf16 on CUDA), int8, exact-fp32, fp32, bf16, fp16.")
-    ] = "auto",
+    precision: Annotated[str, typer.Option(help=PRECISION_HELP)] = "auto",
     summary_only: Annotated[
         bool, typer.Option(help="Rebuild summary.md and plots from results.jsonl only.")
     ] = False,

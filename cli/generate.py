@@ -12,7 +12,13 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from wmark.cli.common import err_console, open_registry, print_json
 from wmark.errors import InputError
-from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD, DRAFTER_HELP, METHOD_NAMES
+from wmark.generator.names import (
+    DEFAULT_DRAFT_CONFIDENCE,
+    DEFAULT_LOOKAHEAD,
+    DRAFTER_HELP,
+    METHOD_NAMES,
+    PRECISION_HELP,
+)
 from wmark.keymaterial import KeyMaterial
 
 if TYPE_CHECKING:  # torch and transformers load only when a command generates
@@ -152,9 +158,7 @@ def generate_cmd(
     ] = "embedded",
     drafter: Annotated[str, typer.Option(help=f"Drafter: {DRAFTER_HELP}")] = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    precision: Annotated[
-        str, typer.Option(help="auto (int8 on CPU, bf16 on CUDA), int8, exact-fp32, fp32, bf16, fp16.")
-    ] = "auto",
+    precision: Annotated[str, typer.Option(help=PRECISION_HELP)] = "auto",
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text, token_ids, blocks, aatps, ...).")
     ] = False,

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from wmark.cli.common import console
-from wmark.generator.names import AUTO, DRAFTER_HELP, METHOD_NAMES
+from wmark.generator.names import AUTO, DRAFTER_HELP, METHOD_NAMES, PRECISION_HELP
 from wmark.keys import KeyRegistry, RegistryConfig
 from wmark.keys.db import head_revision
 
@@ -106,9 +106,7 @@ def serve(
     device: Annotated[str, typer.Option(help="--generate: cpu or cuda.")] = "cpu",
     precision: Annotated[
         str,
-        typer.Option(
-            help="--generate: auto (int8 on CPU, bf16 on CUDA), int8, exact-fp32, fp32, bf16, fp16."
-        ),
+        typer.Option(help=f"--generate: {PRECISION_HELP}"),
     ] = "auto",
 ) -> None:
     """Run the detection service (REST API, web page at /, metrics at /metrics); with --generate,

@@ -109,6 +109,14 @@ WMARK_HIDDEN extern atomic_int wmark_wide_failed; /* a thread could not get its 
 #define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512vnni"
 #define AMX_TARGET "amx-tile,amx-int8,avx512f,avx512bw,avx512vl"
 
+/* Outlier activations (`linear(..., activations=ACT_OUTLIERS)`): each row's OUTLIERS largest
+ * channels by magnitude (ties: the lower channel) are taken out of its int8 part and multiplied
+ * in float32 instead, by a pass over each tile's weights right after the tile's sums, while
+ * they are in cache (wmark_side_tile). One int8 part plus this costs about 0.6 of two parts'
+ * arithmetic at a verify's row count and keeps the channels that crush a row's scale exact. */
+#define OUTLIERS 16
+enum activations { ACT_ONE = 0, ACT_TWO = 1, ACT_OUTLIERS = 2 };
+
 /* AMX_TILES is not a build of its own: the job of an "amx" call that runs on the tile unit. */
 enum backend { PORTABLE = 0, AVX2 = 1, AVX512VNNI = 2, AMX = 3, AMX_TILES = 4 };
 
@@ -129,6 +137,9 @@ typedef struct {
     int backend;
     int nibbles; /* 4-bit weights (linear4): GROUP4 bytes a group */
     int paired;  /* a residual call: quantised rows 2r and 2r + 1 are one output row (see add_pair) */
+    const int32_t *side_idx; /* (m, side) an outlier call's float channels per row, ascending; else NULL */
+    const float *side_val;   /* (m, side) their values */
+    int side;                /* channels per row (OUTLIERS, or k where k is smaller) */
     const struct rows_job *rows; /* non-NULL: the call's rows phase (its chunks are rows), not tiles */
     wmark_units_fn each;         /* non-NULL: another kernel's m units (`parallel_for`), not tiles */
     void *ctx;                   /* ... and its argument */
@@ -152,6 +163,10 @@ typedef struct rows_job {
     uint8_t *aux;
     float *rowscale;    /* (m), or (2m) with residual */
     float *res;         /* (m, k) scratch for the residuals, or NULL: no residual rows */
+    int32_t *side_idx;  /* (m, side) an outlier call's channels (then `res` holds the rows without
+                         * them), or NULL */
+    float *side_val;    /* (m, side) their values */
+    int side;
 } rows_job_t;
 
 /* ---- the epilogue, portable: (float)sum * scale * rowscale (+ bias), in that order ---- */
@@ -203,12 +218,17 @@ WMARK_HIDDEN void wmark_run_rows(const rows_job_t *rows, Py_ssize_t first, Py_ss
 
 /* ---- _int8_gemm_portable.c: tiles first .. last of a job, on its build's kernel ---- */
 WMARK_HIDDEN void wmark_run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last);
+/* An outlier call's float part for tile t, added to what the tile's kernel stored: per row and
+ * channel c, side = ((0 + w[c, i0] * v0) + w[c, i1] * v1) + ... over the row's channels in
+ * ascending order, then out = out + side * scale[c] (float32, no contraction, every build). */
+WMARK_HIDDEN void wmark_side_tile(const job_t *job, Py_ssize_t t);
 
 /* ---- the vector kernels: tile t of a job (AMX: tiles first .. last) ---- */
 #ifdef WMARK_X86
 __attribute__((target("avx2"))) WMARK_HIDDEN void wmark_tile_avx2(const job_t *job, Py_ssize_t t);
 __attribute__((target(VNNI_TARGET))) WMARK_HIDDEN void wmark_tile_vnni(const job_t *job, Py_ssize_t t);
 __attribute__((target(VNNI_TARGET))) WMARK_HIDDEN void wmark_tile_vnni4(const job_t *job, Py_ssize_t t);
+__attribute__((target(VNNI_TARGET))) WMARK_HIDDEN void wmark_side_tile_vnni(const job_t *job, Py_ssize_t t);
 #ifdef WMARK_AMX
 __attribute__((target(AMX_TARGET))) WMARK_HIDDEN void wmark_range_amx(const job_t *job, Py_ssize_t first,
                                                                       Py_ssize_t last);

@@ -23,7 +23,7 @@ def linear(
     prologue: int = ...,
     norm: Buffer | None = ...,
     eps: float = ...,
-    residual: bool = ...,
+    activations: int = ...,  # 0 one part, 1 two, 2 outliers (`rowwise.ACTIVATIONS`)
     /,
 ) -> None: ...
 

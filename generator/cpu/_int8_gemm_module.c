@@ -126,25 +126,36 @@ static PyObject *unpack(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(linear_doc,
-             "linear(x, packed, colsum, scale, bias, out, m, n, k, threads[, prologue, norm, eps, residual])\n\n"
+             "linear(x, packed, colsum, scale, bias, out, m, n, k, threads[, prologue, norm, eps, activations])\n\n"
              "out = the exact int8 linear layer of x: float32 (m, k) rows, each quantised with its own\n"
              "peak; packed/colsum from pack(); scale: float32 (n); bias: float32 (n) or None; out: float32\n"
              "(m, n), written. Runs on `threads` threads (this module's own), releasing the GIL.\n"
              "prologue 1: the rows multiplied are RMSNorm(x) * norm (float32 (k)) with epsilon eps;\n"
              "prologue 2: x is (m, 2k), gate then up, and the rows are silu(gate) * up.\n"
-             "residual 1: each row is also multiplied as what its quantisation left (the row minus its\n"
-             "int8 value, quantised with its own peak) and the two outputs are added: ~16-bit activations\n"
-             "for twice the rows' arithmetic, the weights still read once.");
+             "activations 1 (two parts): each row is also multiplied as what its quantisation left (the\n"
+             "row minus its int8 value, quantised with its own peak) and the two outputs are added:\n"
+             "~16-bit activations for twice the rows' arithmetic, the weights still read once.\n"
+             "activations 2 (outliers): each row's 16 largest channels by magnitude (ties: the lower\n"
+             "channel) are multiplied in float32 and the rest as one int8 part (8-bit weights only).");
 
 static PyObject *linear_call(PyObject *args, int nibbles) {
     PyObject *objs[6];
     Py_ssize_t m, n, k;
-    int threads, prologue = PLAIN, residual = 0;
+    int threads, prologue = PLAIN, activations = ACT_ONE;
     PyObject *norm = Py_None;
     float eps = 0.0f;
-    if (!PyArg_ParseTuple(args, "OOOOOOnnni|iOfp", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &m,
-                          &n, &k, &threads, &prologue, &norm, &eps, &residual))
+    if (!PyArg_ParseTuple(args, "OOOOOOnnni|iOfi", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &m,
+                          &n, &k, &threads, &prologue, &norm, &eps, &activations))
         return NULL;
+    if (activations != ACT_ONE && activations != ACT_TWO && activations != ACT_OUTLIERS) {
+        PyErr_Format(PyExc_ValueError, "linear: unknown activations %d", activations);
+        return NULL;
+    }
+    if (activations == ACT_OUTLIERS && nibbles) {
+        PyErr_SetString(PyExc_ValueError, "linear4: outlier activations need 8-bit weights");
+        return NULL;
+    }
+    const int residual = activations == ACT_TWO, outliers = activations == ACT_OUTLIERS;
     if (m < 0 || n <= 0 || k <= 0) {
         PyErr_SetString(PyExc_ValueError, "linear: bad shape");
         return NULL;
@@ -184,7 +195,8 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
          * AMX_MIN_ROWS_WIDENED, up to AMX_WIDE_BYTES widened), over whole 64-column chunks, on the
          * tile unit, and everything else as avx512vnni */
         const Py_ssize_t qm = residual ? 2 * m : m; /* quantised rows the GEMM multiplies */
-        const int tiles = active_backend == AMX && qm >= (nibbles ? AMX_MIN_ROWS_WIDENED : AMX_MIN_ROWS) &&
+        /* an outlier call's float part runs after each VNNI tile: not on the tile unit */
+        const int tiles = active_backend == AMX && !outliers && qm >= (nibbles ? AMX_MIN_ROWS_WIDENED : AMX_MIN_ROWS) &&
                           groups % 16 == 0 &&
                           (!nibbles || groups * GROUP <= AMX_WIDE_BYTES);
         int backend = tiles ? AMX_TILES : active_backend == AMX ? AVX512VNNI : active_backend;
@@ -195,25 +207,32 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         uint8_t *aux = backend == PORTABLE || tiles ? NULL : malloc((size_t)(qm * kp));
         float *rowscale = malloc((size_t)qm * sizeof(float));
         float *h = prologue == PLAIN ? NULL : malloc((size_t)(m * k) * sizeof(float));
-        float *res = residual ? malloc((size_t)(m * k) * sizeof(float)) : NULL;
+        float *res = residual || outliers ? malloc((size_t)(m * k) * sizeof(float)) : NULL;
+        const int side = k < OUTLIERS ? (int)k : OUTLIERS;
+        int32_t *side_idx = outliers ? malloc((size_t)(m * side) * sizeof(int32_t)) : NULL;
+        float *side_val = outliers ? malloc((size_t)(m * side) * sizeof(float)) : NULL;
         if (q == NULL || rowscale == NULL || (backend != PORTABLE && !tiles && aux == NULL) ||
-            (prologue != PLAIN && h == NULL) || (residual && res == NULL)) {
+            (prologue != PLAIN && h == NULL) || ((residual || outliers) && res == NULL) ||
+            (outliers && (side_idx == NULL || side_val == NULL))) {
             free(q);
             free(aux);
             free(rowscale);
             free(h);
             free(res);
+            free(side_idx);
+            free(side_val);
             PyErr_NoMemory();
             goto done;
         }
         const float *bias = has_bias ? views[4].buf : NULL;
         const rows_job_t rows_job = {views[0].buf, norm_view.buf, eps, h, prologue, rounding, k, kp, q, aux, rowscale,
-                                     res};
+                                     res, side_idx, side_val, side};
         /* a residual call's quantised rows 2r and 2r + 1 are added into out row r by the tiles'
          * epilogue (add_pair in _int8_gemm.h): the two parts' outputs are never stored */
         job_t job = {.packed = views[1].buf, .colsum = views[2].buf, .scale = views[3].buf, .bias = bias,
                      .q = q, .aux = aux, .rowscale = rowscale, .out = views[5].buf, .m = qm, .n = n,
-                     .groups = groups, .backend = backend, .nibbles = nibbles, .paired = residual};
+                     .groups = groups, .backend = backend, .nibbles = nibbles, .paired = residual,
+                     .side_idx = side_idx, .side_val = side_val, .side = side};
         job_t rows_phase = job;
         rows_phase.rows = &rows_job;
         rows_phase.m = m; /* its units are the input rows (a residual's two quantised rows are one unit) */
@@ -232,6 +251,8 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         free(rowscale);
         free(h);
         free(res);
+        free(side_idx);
+        free(side_val);
         if (failed) {
             PyErr_NoMemory();
             goto done;

@@ -63,6 +63,26 @@ static void tile_portable4(const job_t *job, Py_ssize_t t) {
     }
 }
 
+/* See _int8_gemm.h. Channel j's weight for input column c is byte 4 j + c % 4 of the tile's
+ * group c / 4. */
+void wmark_side_tile(const job_t *job, Py_ssize_t t) {
+    const uint8_t *w = job->packed + t * job->groups * GROUP;
+    const Py_ssize_t c0 = t * TILE;
+    for (Py_ssize_t r = 0; r < job->m; r++) {
+        const int32_t *idx = job->side_idx + r * job->side;
+        const float *val = job->side_val + r * job->side;
+        for (int j = 0; j < TILE && c0 + j < job->n; j++) {
+            float side = 0.0f;
+            for (int d = 0; d < job->side; d++) {
+                const int8_t weight = (int8_t)w[(idx[d] / 4) * GROUP + 4 * j + idx[d] % 4];
+                side = side + (float)weight * val[d];
+            }
+            float *o = job->out + r * job->n + c0 + j;
+            *o = *o + side * job->scale[c0 + j];
+        }
+    }
+}
+
 void wmark_run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
 #ifdef WMARK_AMX
     if (job->backend == AMX_TILES) {
@@ -71,6 +91,21 @@ void wmark_run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
     }
 #endif
     for (Py_ssize_t t = first; t < last; t++) {
+        if (job->side_idx != NULL) { /* an outlier call: 8-bit weights, never paired, never AMX tiles */
+#ifdef WMARK_X86
+            if (job->backend == AVX512VNNI) {
+                wmark_tile_vnni(job, t);
+                wmark_side_tile_vnni(job, t);
+                continue;
+            }
+            if (job->backend == AVX2)
+                wmark_tile_avx2(job, t);
+            else
+#endif
+                tile_portable(job, t);
+            wmark_side_tile(job, t);
+            continue;
+        }
         if (job->nibbles) {
 #ifdef WMARK_X86
             if (job->backend == AVX512VNNI) {

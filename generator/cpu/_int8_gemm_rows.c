@@ -109,6 +109,52 @@ static void quantise_rows(const float *x, Py_ssize_t m, Py_ssize_t k, Py_ssize_t
 }
 
 /*
+ * ---- outliers: a row's `d` largest channels by magnitude, taken out of its int8 part ----
+ * Scanned in channel order, the chosen kept sorted by magnitude, larger first, and among equal
+ * magnitudes by channel, lower first; a channel enters only if strictly larger than the last
+ * kept, which it then evicts. So the set is the d first channels in (magnitude descending,
+ * channel ascending) order, the same in every build (one portable routine, exact compares;
+ * NaN never enters). Returned in channel order (the order the float part adds them in), and
+ * the row is copied into `rest` with those channels zeroed, for quantisation.
+ */
+static void take_outliers(const float *row, Py_ssize_t k, int d, int32_t *idx, float *val, float *rest) {
+    float mag[OUTLIERS];
+    int32_t at[OUTLIERS];
+    int kept = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const float a = fabsf(row[i]);
+        if (kept == d && !(a > mag[d - 1])) continue;
+        int p = kept < d ? kept++ : d - 1; /* full: the last (smallest, highest channel) goes */
+        while (p > 0 && a > mag[p - 1]) { /* past every smaller one; equal ones keep their place */
+            mag[p] = mag[p - 1];
+            at[p] = at[p - 1];
+            p--;
+        }
+        mag[p] = a;
+        at[p] = (int32_t)i;
+    }
+    for (int j = 1; j < kept; j++) { /* channel order */
+        const int32_t c = at[j];
+        int p = j;
+        while (p > 0 && at[p - 1] > c) {
+            at[p] = at[p - 1];
+            p--;
+        }
+        at[p] = c;
+    }
+    memcpy(rest, row, (size_t)k * sizeof(float));
+    for (int j = 0; j < kept; j++) {
+        idx[j] = at[j];
+        val[j] = row[at[j]];
+        rest[at[j]] = 0.0f;
+    }
+    for (int j = kept; j < d; j++) { /* k < d never happens (d = min(OUTLIERS, k)); kept == d */
+        idx[j] = 0;
+        val[j] = 0.0f;
+    }
+}
+
+/*
  * ---- prologues: rows the GEMM makes from its input before quantising them ----
  * A decoder layer feeds its projections RMSNorm(x) * w and silu(gate) * up: computing those
  * rows here, inside the call, saves the torch ops (and their dispatch, which costs a small draft
@@ -250,6 +296,15 @@ void wmark_run_rows(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
     }
     if (rows->res == NULL) {
         quantise_rows(src, count, k, rows->kp, rows->rounding, rows->q + first * rows->kp,
+                      rows->aux != NULL ? rows->aux + first * rows->kp : NULL, rows->rowscale + first);
+        return;
+    }
+    if (rows->side_idx != NULL) { /* outlier rows: the float channels out, the rest one int8 part */
+        float *rest = rows->res + first * k;
+        for (Py_ssize_t i = 0; i < count; i++)
+            take_outliers(src + i * k, k, rows->side, rows->side_idx + (first + i) * rows->side,
+                          rows->side_val + (first + i) * rows->side, rest + i * k);
+        quantise_rows(rest, count, k, rows->kp, rows->rounding, rows->q + first * rows->kp,
                       rows->aux != NULL ? rows->aux + first * rows->kp : NULL, rows->rowscale + first);
         return;
     }

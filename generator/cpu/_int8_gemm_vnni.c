@@ -117,4 +117,33 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void rows_vnni
 /* A tile's rows with 8-bit or (linear4) 4-bit weights: two instances of one loop. */
 __attribute__((target(VNNI_TARGET))) void wmark_tile_vnni(const job_t *job, Py_ssize_t t) { rows_vnni(job, t, 0); }
 __attribute__((target(VNNI_TARGET))) void wmark_tile_vnni4(const job_t *job, Py_ssize_t t) { rows_vnni(job, t, 1); }
+
+/* wmark_side_tile (_int8_gemm_portable.c) on 16 channels a vector: the same float operations on
+ * each, in the same order. The 64 bytes of a group's half hold 16 channels' 4 weights; shifting
+ * the wanted byte to the top of its lane and back (arithmetic) sign-extends it. */
+__attribute__((target(VNNI_TARGET))) void wmark_side_tile_vnni(const job_t *job, Py_ssize_t t) {
+    const uint8_t *w = job->packed + t * job->groups * GROUP;
+    const Py_ssize_t c0 = t * TILE;
+    for (int h = 0; h < 2; h++) {
+        const Py_ssize_t c = c0 + 16 * h;
+        if (c >= job->n) break;
+        const Py_ssize_t left = job->n - c;
+        const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __m512 scale = _mm512_maskz_loadu_ps(keep, job->scale + c);
+        for (Py_ssize_t r = 0; r < job->m; r++) {
+            const int32_t *idx = job->side_idx + r * job->side;
+            const float *val = job->side_val + r * job->side;
+            __m512 side = _mm512_setzero_ps();
+            for (int d = 0; d < job->side; d++) {
+                const __m512i group = _mm512_loadu_si512((const void *)(w + (idx[d] / 4) * GROUP + 64 * h));
+                const __m512i up = _mm512_sllv_epi32(group, _mm512_set1_epi32(24 - 8 * (idx[d] % 4)));
+                const __m512 weight = _mm512_cvtepi32_ps(_mm512_srai_epi32(up, 24));
+                side = _mm512_add_ps(side, _mm512_mul_ps(weight, _mm512_set1_ps(val[d])));
+            }
+            float *o = job->out + r * job->n + c;
+            const __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o), _mm512_mul_ps(side, scale));
+            _mm512_mask_storeu_ps(o, keep, sum);
+        }
+    }
+}
 #endif

@@ -34,6 +34,7 @@ from torch import nn
 from wmark.generator.cpu import _int8_gemm
 
 __all__ = [
+    "ACTIVATIONS",
     "PLAIN",
     "RMS_NORM",
     "SWIGLU",
@@ -47,6 +48,10 @@ __all__ = [
 
 _LOCAL = threading.local()  # `gemm_threads_for`'s count, per Python thread
 PLAIN, RMS_NORM, SWIGLU = 0, 1, 2  # the kernel's prologues (`_int8_gemm.linear`)
+ACTIVATIONS = {"one": 0, "two": 1, "outliers": 2}
+"""How `RowInt8Linear` quantises its rows, and the kernel's number for it: one int8 part (draft
+models), two parts (a target's default), or one part plus each row's 16 largest channels in
+float32."""
 
 
 def gemm_threads() -> int:
@@ -82,12 +87,17 @@ class RowInt8Linear(nn.Module):
     of `_int8_gemm.linear`, on `gemm_threads()`. A row's output is therefore bit for bit the
     same however many rows rode along and whichever build of the kernel ran.
 
-    `residual` (off by default): each row is quantised in two parts, the row as above and what
-    its int8 value left (the row minus q * peak / 127, quantised with its own peak), both
-    multiplied in the same call and their outputs added: activations at ~16 bits instead of 8,
-    for the weights read once and twice the rows' arithmetic. Qwen2.5's activations carry a few
-    channels hundreds of times larger than the rest, and one 8-bit scale per row left the others
-    a handful of levels (BENCHMARKS.md, "Quality"); still row-local, so still batch-invariant.
+    `activations` ("one" by default; see `ACTIVATIONS`): "two" quantises each row in two parts,
+    the row as above and what its int8 value left (the row minus q * peak / 127, quantised with
+    its own peak), both multiplied in the same call and their outputs added: activations at ~16
+    bits instead of 8, for the weights read once and twice the rows' arithmetic. Qwen2.5's
+    activations carry a few channels hundreds of times larger than the rest, and one 8-bit scale
+    per row left the others a handful of levels (BENCHMARKS.md, "Quality"). "outliers" takes each
+    row's 16 largest channels by magnitude (ties: the lower channel) out of its one int8 part and
+    multiplies them in float32, right after each tile of weights has streamed through the cache:
+    the output is the one-part output of the rest, plus the bias, plus the float part times the
+    channel scale (the float part summed over the row's channels in ascending order). Every mode
+    is row-local, so batch-invariant, and gives the same bits in every build.
 
     The weights are packed for the kernel on first use (`pack`; `pack_int8` does it at load), or
     come packed from the model cache (`from_packed`, memory-mapped: a later load neither packs
@@ -109,7 +119,7 @@ class RowInt8Linear(nn.Module):
         self._scale32 = self.scale.to(torch.float32)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self._views: tuple[Any, Any, Any, Any] | None = None  # numpy views of what `linear` reads
-        self.residual = False  # two-part activations (see the class docstring)
+        self.activations = "one"  # how rows are quantised (see the class docstring)
 
     @classmethod
     def from_packed(
@@ -170,7 +180,7 @@ class RowInt8Linear(nn.Module):
     def __deepcopy__(self, memo: dict[int, Any]) -> RowInt8Linear:
         weight, scale = self.int8_weight()
         copy = RowInt8Linear(weight.clone(), scale.clone(), None if self.bias is None else self.bias.detach())
-        copy.residual = self.residual
+        copy.activations = self.activations
         return copy
 
     def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +238,8 @@ class RowInt8Linear(nn.Module):
         packed_np, colsum_np, scale_np, bias_np = self._views
         self._gemm()(
             rows, packed_np, colsum_np, scale_np, bias_np, out,
-            rows.shape[0], self.out_features, self.in_features, threads, prologue, norm, eps, self.residual,
+            rows.shape[0], self.out_features, self.in_features, threads, prologue, norm, eps,
+            ACTIVATIONS[self.activations],
         )  # fmt: skip
 
     def _gemm(self) -> Any:

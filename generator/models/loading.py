@@ -66,17 +66,20 @@ def _load_tokenizer(source: Path | str) -> tuple[PreTrainedTokenizerBase, bytes]
     return hf, str(backend.to_str()).encode()
 
 
-def _load_model(source: Path | str, precision: str, device: str, *, target: bool = True) -> PreTrainedModel:
+def _load_model(
+    source: Path | str, precision: str, device: str, *, target: bool = True, activations: str = "two"
+) -> PreTrainedModel:
     """`source` loaded and prepared for `precision`. `target`: int8 as a target's, whose
     distribution is the text's: int8 weights quantised here from float ones are smoothed first,
-    and every layer's activations are quantised in two parts (`prepare_model`'s `residual`). A
-    drafter's are neither: it only proposes, and smoothing cost its 4-bit weights accepted
-    drafts (`EmbeddedModel.smoothed`)."""
+    and every layer's rows are quantised as `activations` says (`prepare_model`'s: "two" parts,
+    or "outliers"). A drafter's are neither: it only proposes, in one part, and smoothing cost
+    its 4-bit weights accepted drafts (`EmbeddedModel.smoothed`)."""
+    rows = activations if target else "one"
     hf_logging.disable_progress_bar()  # the CLI shows its own progress
     if precision == "int8" and isinstance(source, Path) and gguf_int8.has_int8(source):
         model = gguf_int8.load(source)  # converted straight from GGUF: no float32 weights anywhere
         model = prepare_model(
-            model, precision, device, int8_cache=source / gguf_int8.INT8_FILE, residual=target
+            model, precision, device, int8_cache=source / gguf_int8.INT8_FILE, activations=rows
         )
     else:
         try:
@@ -88,7 +91,7 @@ def _load_model(source: Path | str, precision: str, device: str, *, target: bool
         if target and precision == "int8" and (cache is None or not int8_store.is_packed(cache)):
             calibration = calibration_ids(_load_tokenizer(source)[0])  # quantised now: smoothed first
         model = prepare_model(
-            model, precision, device, int8_cache=cache, calibration=calibration, residual=target
+            model, precision, device, int8_cache=cache, calibration=calibration, activations=rows
         )
     _return_freed_memory()
     return model
@@ -196,7 +199,8 @@ def load_pair(
         target: "embedded", a local model directory, or an HF model ID in the local cache.
         drafter: the same, or None when the method needs no drafter.
         device: "cpu" or "cuda".
-        precision: one of `PRECISIONS`; "auto" is int8 on CPU, bf16 on CUDA.
+        precision: one of `PRECISIONS`; "auto" is int8 on CPU, bf16 on CUDA; "int8-fast" loads
+            the int8 weights and runs the target's rows as "outliers" (`RowInt8Linear.activations`).
         threads: CPU threads for torch and the int8 GEMM; None: `$WMARK_THREADS`, else planned
             from the cores free right now (`wmark.generator.cpu.threads.plan_threads`).
         progress: called with a short description of each loading stage.
@@ -212,6 +216,9 @@ def load_pair(
         raise InputError(f"device must be cpu or cuda, got {device!r}")
     if precision == "auto":
         precision = "int8" if device == "cpu" else "bf16"
+    target_rows = "two"
+    if precision == "int8-fast":
+        precision, target_rows = "int8", "outliers"  # the same weights and caches as int8
     say = progress or (lambda _msg: None)
     try:
         plan = plan_threads(threads)
@@ -227,7 +234,7 @@ def load_pair(
     target_src = resolve_source(target, "target", precision)
     chat, tokenizer_json = _load_tokenizer(target_src)
     say("loading target weights")
-    target_model = _load_model(target_src, precision, device)
+    target_model = _load_model(target_src, precision, device, activations=target_rows)
     draft_model = None
     if drafter is not None:
         say(f"preparing drafter {drafter}")

@@ -1,8 +1,10 @@
 """A loaded transformers model made ready for a precision and a device.
 
 Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.cpu.rowwise`),
-"exact-fp32" (batch-invariant float32, slow: for small test models), "fp32", "bf16", "fp16"
-(stock kernels; GPU default bf16; near-ties may flip between block shapes, ~1e-7 noise).
+"int8-fast" (the same weights, the target's rows as one int8 part plus their 16 largest
+channels in float32: `load_pair` maps it to "int8" with `activations="outliers"`), "exact-fp32"
+(batch-invariant float32, slow: for small test models), "fp32", "bf16", "fp16" (stock kernels;
+GPU default bf16; near-ties may flip between block shapes, ~1e-7 noise).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from wmark.generator.models.smoothing import smooth_model
 
 __all__ = ["PRECISIONS", "prepare_model"]
 
-PRECISIONS = ("auto", "int8", "exact-fp32", "fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "int8", "int8-fast", "exact-fp32", "fp32", "bf16", "fp16")
 
 
 def prepare_model(
@@ -32,7 +34,7 @@ def prepare_model(
     *,
     int8_cache: Path | None = None,
     calibration: Sequence[Sequence[int]] | None = None,
-    residual: bool = False,
+    activations: str = "one",
 ) -> PreTrainedModel:
     """Cast/convert a loaded model for `precision` on `device` and put it in eval mode.
 
@@ -47,10 +49,13 @@ def prepare_model(
     weights. None: quantised as they are (plain int8 weights in `int8_cache` come smoothed, or
     not, from their conversion).
 
-    `residual`: every int8 layer quantises its input rows in two parts (`RowInt8Linear.residual`:
-    the row, then what its int8 value left), which keeps a target's activations at ~16 bits; a
-    draft model, which only proposes, runs one part, faster.
+    `activations`: how every int8 layer quantises its input rows (`RowInt8Linear.activations`):
+    a target's "two" parts (the row, then what its int8 value left: ~16 bits) or "outliers"
+    (one part plus each row's 16 largest channels in float32); a draft model, which only
+    proposes, runs "one" part, faster.
     """
+    if precision not in ("int8", "exact-fp32", "fp32", "bf16", "fp16"):
+        raise ValueError(f"prepare_model takes int8, exact-fp32, fp32, bf16 or fp16, not {precision!r}")
     if precision in ("int8", "exact-fp32"):
         if device != "cpu":
             raise BackendError(f"precision {precision} is CPU-only; use bf16, fp16 or fp32 on {device}")
@@ -71,7 +76,7 @@ def prepare_model(
             if int8_cache is not None and not int8_store.is_packed(int8_cache):
                 int8_store.save(model, int8_cache, divisors=divisors)
             for layer in layers:
-                layer.residual = residual
+                layer.activations = activations
         AttentionInterface.register(ATTENTION_NAME, rowwise_attention)  # idempotent: a name -> function
         model.config._attn_implementation = ATTENTION_NAME
         for sub in model.modules():  # every layer reads the implementation from its config

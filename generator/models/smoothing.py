@@ -5,7 +5,7 @@ Why: the int8 precision quantises each activation row with one scale, its peak
 larger than the rest, so one scale per row leaves every other channel a handful of levels: on
 the embedded target that made the int8 model a 4-bit-class loss away from the float one
 (BENCHMARKS.md, "Quality"). A target's activations now also go in two int8 parts
-(`RowInt8Linear.residual`), which takes the outliers themselves; smoothing stays for the weights,
+(`RowInt8Linear.activations` "two"), which takes the outliers themselves; smoothing stays for the weights,
 whose per-channel int8 rounding a low strength (`ALPHA`; `ALPHA_OUTPUT` for the attention
 output projection) evens out across columns.
 
@@ -53,7 +53,7 @@ __all__ = ["ALPHA", "ALPHA_OUTPUT", "VERSION", "Smoothing", "calibration_ids", "
 
 ALPHA = 0.25
 """How much of an activation outlier moves into the weights (SmoothQuant's migration strength).
-With a target's activations quantised in two parts (`RowInt8Linear.residual`, ~16 bits) the
+With a target's activations quantised in two parts (`RowInt8Linear.activations` "two", ~16 bits) the
 loss left is the weights': a low strength mostly evens out the weight columns' peaks, which
 per-channel int8 weights take best. Measured by fake quantisation on human text (mean KL to
 float32): 0 -> 0.0054, 0.1 -> 0.0022, 0.25 -> 0.0010, 0.5 -> 0.0023 (BENCHMARKS.md, "Quality"; 0.5

@@ -87,7 +87,8 @@ def test_close_drafter_accepts_more_and_mpfr_gains_with_drafts(models):
 def test_int8_path_is_batch_invariant_too(tiny_qwen, residual):
     base = tiny_qwen(0)
     eos = frozenset({EOS})
-    target = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu", residual=residual), eos)
+    rows = "two" if residual else "one"
+    target = HFModel(prepare_model(copy.deepcopy(base), "int8", "cpu", activations=rows), eos)
     decoder = target.plan.decoder
     assert decoder is not None and decoder.exact  # its forwards run the lean decoder
     drafter = HFModel(prepare_model(tiny_qwen(2), "int8", "cpu"), eos)

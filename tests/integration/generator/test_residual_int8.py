@@ -1,4 +1,4 @@
-"""Two-part activations (`RowInt8Linear.residual`): each row quantised as itself and as what its
+"""Two-part activations (`RowInt8Linear.activations` "two"): each row quantised as itself and as what its
 int8 value left. Its contract bit for bit, batch invariance with every prologue and build, the
 loss it removes on heavy-tailed rows, and which models run it (a target, not a drafter)."""
 
@@ -23,7 +23,7 @@ def _layer(seed: int, out: int = 70, inp: int = 200, bias: bool = True) -> RowIn
     gen = torch.Generator().manual_seed(seed)
     weight, scale = RowInt8Linear.quantize(torch.randn(out, inp, generator=gen))
     layer = RowInt8Linear(weight, scale, torch.randn(out, generator=gen) if bias else None)
-    layer.residual = True
+    layer.activations = "two"
     return layer
 
 
@@ -113,7 +113,7 @@ def test_two_parts_take_heavy_tailed_rows_near_the_float_product():
     dequantised = layer.int8_weight()[0].float() * layer.scale.float()[:, None]
     exact = x.double() @ dequantised.double().T  # the weights' own rounding left aside
     one = (layer(x) - exact).norm()
-    layer.residual = True
+    layer.activations = "two"
     two = (layer(x) - exact).norm()
     # The residual's error is at most a level of a level (its peak <= half the row's step), so
     # about 250x below one part's; measured 207x with these seeds (every build gives these bits).
@@ -130,15 +130,15 @@ def _logits(model: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
 
 def test_a_prepared_model_runs_every_int8_layer_in_two_parts_and_stays_invariant(tiny_qwen, tmp_path):
     cache = tmp_path / "int8.safetensors"
-    first = prepare_model(tiny_qwen(3), "int8", "cpu", int8_cache=cache, residual=True)
+    first = prepare_model(tiny_qwen(3), "int8", "cpu", int8_cache=cache, activations="two")
     layers = int8_layers(first)  # fused q/k/v and gate/up groups included
-    assert len(layers) == 2 * 4 + 1 and all(layer.residual for layer in layers)
+    assert len(layers) == 2 * 4 + 1 and all(layer.activations == "two" for layer in layers)
     # from the packed cache: the same weights, the flag set by the load, not stored
-    second = prepare_model(tiny_qwen(3), "int8", "cpu", int8_cache=cache, residual=True)
+    second = prepare_model(tiny_qwen(3), "int8", "cpu", int8_cache=cache, activations="two")
     prompt = [5, 17, 42, 99, 3]
     assert torch.equal(_logits(first, prompt), _logits(second, prompt))
     one_part = prepare_model(tiny_qwen(3), "int8", "cpu", int8_cache=cache)
-    assert not any(layer.residual for layer in int8_layers(one_part))
+    assert all(layer.activations == "one" for layer in int8_layers(one_part))
     assert not torch.equal(_logits(first, prompt), _logits(one_part, prompt))
     # A token decoded alone gets the logits it gets inside a tree, after the same prompt prefill.
     # (The prefill attends through SDPA, every later forward through the tree kernel: the two
@@ -170,4 +170,4 @@ def test_load_model_runs_a_target_in_two_parts_and_a_drafter_in_one(tiny_qwen, t
     source = tmp_path / "model"
     tiny_qwen(5).save_pretrained(source)
     model = _load_model(source, "int8", "cpu", target=target)
-    assert {layer.residual for layer in int8_layers(model)} == {target}
+    assert {layer.activations for layer in int8_layers(model)} == {"two" if target else "one"}
