@@ -1,16 +1,20 @@
 """What two-part activations cost in generation: the default int8 target (each activation row
-quantised in two parts, `RowInt8Linear.activations` "two") against the same weights with one part (one
-int8 scale per row, as before), side by side.
+quantised in two parts, `RowInt8Linear.activations` "two") against the same weights with its
+rows quantised another way (`--against one`: one int8 scale per row, as before; `--against
+outliers`: one part plus each row's 16 largest channels in float, `--precision int8-fast`),
+side by side.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/int8_residual_speed.py [--limit 4] [--tokens 128]
+        [--against one|outliers] [--prompt-sets summaries-mini,code-mini,eli5-mini]
 
 Rows: `basic-uwm` (one target forward per token) and `default` (mpfr with the `auto` drafter,
-`wmark generate`'s settings), each with the two-part target ("two parts") and the one-part one
-("one part"; the drafter is one-part in both), the four alternating prompt by prompt on the
-first `--limit` prompts of each built-in set, so that drift of this shared machine hits them
-alike. Smoothing costs nothing at run time (it changes weights, not work), so this is the whole
-speed difference between the default and the int8 path before it. Reports tokens/s end to end
-and for decoding alone (the prompt's prefill left out), and the ratios two parts / one part.
+`wmark generate`'s settings), each with the two-part target ("two parts") and the other one
+(the drafter is one-part in both), the four alternating prompt by prompt on the first
+`--limit` prompts of each set, so that drift of this shared machine hits them alike.
+Smoothing costs nothing at run time (it changes weights, not work), so this is the whole speed
+difference between the two targets. Reports tokens/s end to end and for decoding alone (the
+prompt's prefill left out), the ratios two parts / the other, and per target the default over
+`basic-uwm` (the speedup issue 35 asks of summaries).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import copy
 import hashlib
 from collections import defaultdict
 
+import machine
 from generate_speed import SETTINGS, sampler_config
 from quality import _rows
 
@@ -40,25 +45,28 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=4, help="prompts of each built-in set (x3 sets)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--against", choices=("one", "outliers"), default="one")
+    parser.add_argument("--prompt-sets", default=",".join(SETS))
     args = parser.parse_args()
+    other = {"one": "one part", "outliers": "outliers"}[args.against]
 
     pair = load_pair("embedded", "embedded", precision="int8", threads=args.threads)
     assert pair.drafter is not None
     target, draft_model = pair.target, pair.drafter
 
-    def one_part(model: HFModel) -> HFModel:
+    def rows_as(model: HFModel, activations: str) -> HFModel:
         return HFModel(
-            _rows(copy.deepcopy(model.model), "one"),
+            _rows(copy.deepcopy(model.model), activations),
             model.eos_token_ids,
             model.name,
             tokenizer_sha256=model.tokenizer_sha256,
             gemm_threads=model.plan.gemm_threads,
         )
 
-    one_target = one_part(target)
+    other_target = rows_as(target, args.against)
     builds = {
         "two parts": (target, build_drafter("auto", target, draft_model)),
-        "one part": (one_target, build_drafter("auto", one_target, draft_model)),
+        other: (other_target, build_drafter("auto", other_target, draft_model)),
     }
     tokenizer = TextTokenizer(pair.tokenizer_json, "qwen2.5-coder")
     key = KeyMaterial(
@@ -70,7 +78,8 @@ def main() -> None:
     tokens: dict[tuple[str, str], int] = defaultdict(int)
     seconds: dict[tuple[str, str], float] = defaultdict(float)
     decode: dict[tuple[str, str], float] = defaultdict(float)
-    for set_name in SETS:
+    sets = args.prompt_sets.split(",")
+    for set_name in sets:
         for i, prompt in enumerate(load_prompt_set(set_name, limit=args.limit).prompts):
             ids = encode(prompt)
             for setting in ("basic-uwm", "default"):
@@ -90,13 +99,17 @@ def main() -> None:
                         f"  {set_name} {i} {setting:>9} {build:>9}: {out.tokens_per_s:.2f} tok/s", flush=True
                     )
 
-    print(f"\n{args.limit} prompts x {len(SETS)} sets, {args.tokens} tokens, threads {args.threads}\n")
-    print("| setting | two parts tokens/s | one part tokens/s | two / one | decode alone: two / one |")
+    print(f"\n{args.limit} prompts x {len(sets)} sets, {args.tokens} tokens, threads {args.threads}")
+    print(f"{machine.describe()}\n")
+    print(f"| setting | two parts tokens/s | {other} tokens/s | two / {other} | decode: two / {other} |")
     print("|---|---:|---:|---:|---:|")
+    speed = {key: tokens[key] / seconds[key] for key in tokens}
     for setting in ("basic-uwm", "default"):
-        two, one = (tokens[setting, b] / seconds[setting, b] for b in builds)
-        two_d, one_d = (tokens[setting, b] / decode[setting, b] for b in builds)
-        print(f"| {setting} | {two:.2f} | {one:.2f} | {two / one:.3f}x | {two_d / one_d:.3f}x |")
+        two, alt = (speed[setting, b] for b in builds)
+        two_d, alt_d = (tokens[setting, b] / decode[setting, b] for b in builds)
+        print(f"| {setting} | {two:.2f} | {alt:.2f} | {two / alt:.3f}x | {two_d / alt_d:.3f}x |")
+    for build in builds:
+        print(f"default / basic-uwm, {build}: {speed['default', build] / speed['basic-uwm', build]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ int wmark_prefetch = PREFETCH_ROWS; /* see FAR_AHEAD; set at import (Intel: far)
  * group of 4 columns. `rows` is a constant at every call, so the unused rows compile away.
  */
 
+/* The lanes of a 16-channel half that hold channels (left: channels from its first on). */
+static inline __mmask16 lanes_below(Py_ssize_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+
 /* ---- AVX-512 VNNI: a whole tile x up to ROWS_512 rows per pass ---- */
 #define VNNI_ROW(r)                                                            \
     if (rows > r) {                                                            \
@@ -71,8 +76,7 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void block_vnn
     for (int h = 0; h < 2; h++) {
         const Py_ssize_t c = c0 + 16 * h;
         if (c >= job->n) break;
-        const Py_ssize_t left = job->n - c;
-        const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 keep = lanes_below(job->n - c);
         const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(job->colsum + c)), 7);
         const __m512 scale = _mm512_maskz_loadu_ps(keep, job->scale + c);
         const __m512 bias = job->bias != NULL ? _mm512_maskz_loadu_ps(keep, job->bias + c) : _mm512_setzero_ps();
@@ -127,8 +131,7 @@ __attribute__((target(VNNI_TARGET))) void wmark_side_tile_vnni(const job_t *job,
     for (int h = 0; h < 2; h++) {
         const Py_ssize_t c = c0 + 16 * h;
         if (c >= job->n) break;
-        const Py_ssize_t left = job->n - c;
-        const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 keep = lanes_below(job->n - c);
         const __m512 scale = _mm512_maskz_loadu_ps(keep, job->scale + c);
         for (Py_ssize_t r = 0; r < job->m; r++) {
             const int32_t *idx = job->side_idx + r * job->side;

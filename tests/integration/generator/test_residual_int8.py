@@ -62,8 +62,10 @@ def test_the_output_is_both_parts_exact_products_added(backend):
         assert torch.equal(layer(x), _reference(layer, x)), (backend, bias)
 
 
-def test_rows_alone_equal_rows_in_any_batch_with_every_prologue(backend):
+@pytest.mark.parametrize("activations", ["two", "outliers"])  # outliers: test_outlier_int8.py
+def test_rows_alone_equal_rows_in_any_batch_with_every_prologue(backend, activations):
     layer = _layer(3)
+    layer.activations = activations
     x = _heavy_rows(4, 40, 400)  # SwiGLU reads gate, then up; the others the first 200 columns
     norm = torch.rand(200, generator=torch.Generator().manual_seed(5)) + 0.5
     runs = {
@@ -75,7 +77,7 @@ def test_rows_alone_equal_rows_in_any_batch_with_every_prologue(backend):
         alone = torch.cat([run(x[i : i + 1]) for i in range(40)])
         # across the kernels' row blocks and, at 32 rows and more, the rows phase on the pool
         for rows in (2, 5, 12, 13, 33, 40):
-            assert torch.equal(run(x[:rows]), alone[:rows]), (backend, name, rows)
+            assert torch.equal(run(x[:rows]), alone[:rows]), (backend, activations, name, rows)
 
 
 def test_every_build_gives_the_same_bits():
