@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
+from wmark.errors import BackendError
 from wmark.generator.cpu import _int8_gemm
 from wmark.generator.cpu.rowwise import ACTIVATIONS, RowInt8Linear, gemm_threads_for
 from wmark.generator.engine import SamplerConfig, generate
@@ -157,3 +158,9 @@ def test_int8_fast_runs_the_target_with_outliers_on_the_int8_weights(word_model_
         for method in ("basic-uwm", "mpfr", "pfr")
     }
     assert runs["basic-uwm"] == runs["mpfr"] == runs["pfr"]
+
+
+def test_int8_fast_is_refused_off_the_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(BackendError, match="int8-fast is CPU-only"):
+        load_pair("embedded", None, device="cuda", precision="int8-fast")
