@@ -112,7 +112,7 @@ WMARK_HIDDEN extern atomic_int wmark_wide_failed; /* a thread could not get its 
 /* Outlier activations (`linear(..., activations=ACT_OUTLIERS)`): each row's OUTLIERS largest
  * channels by magnitude (ties: the lower channel) are taken out of its int8 part and multiplied
  * in float32 instead, by a pass over each tile's weights right after the tile's sums, while
- * they are in cache (wmark_side_tile). One int8 part plus this costs about 0.6 of two parts'
+ * they are in cache (wmark_side_tile; the avx2 and avx512vnni builds have vector copies). One int8 part plus this costs about 0.6 of two parts'
  * arithmetic at a verify's row count and keeps the channels that crush a row's scale exact. */
 #define OUTLIERS 16
 enum activations { ACT_ONE = 0, ACT_TWO = 1, ACT_OUTLIERS = 2 };
@@ -226,6 +226,7 @@ WMARK_HIDDEN void wmark_side_tile(const job_t *job, Py_ssize_t t);
 /* ---- the vector kernels: tile t of a job (AMX: tiles first .. last) ---- */
 #ifdef WMARK_X86
 __attribute__((target("avx2"))) WMARK_HIDDEN void wmark_tile_avx2(const job_t *job, Py_ssize_t t);
+__attribute__((target("avx2"))) WMARK_HIDDEN void wmark_side_tile_avx2(const job_t *job, Py_ssize_t t);
 __attribute__((target(VNNI_TARGET))) WMARK_HIDDEN void wmark_tile_vnni(const job_t *job, Py_ssize_t t);
 __attribute__((target(VNNI_TARGET))) WMARK_HIDDEN void wmark_tile_vnni4(const job_t *job, Py_ssize_t t);
 __attribute__((target(VNNI_TARGET))) WMARK_HIDDEN void wmark_side_tile_vnni(const job_t *job, Py_ssize_t t);

@@ -78,4 +78,39 @@ __attribute__((target("avx2"))) void wmark_tile_avx2(const job_t *job, Py_ssize_
         }
     }
 }
+
+/* wmark_side_tile (_int8_gemm_portable.c) on 8 channels a vector: the same float operations on
+ * each, in the same order; the tile's four quarters are four independent chains of additions.
+ * A group's 32 bytes at 32 q hold channels 8 q .. 8 q + 7, 4 weights each: shifting the wanted
+ * byte to the top of its lane and back (arithmetic) sign-extends it. */
+__attribute__((target("avx2"), always_inline)) static inline __m256 weights8(const uint8_t *quarter, __m256i shift) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)quarter);
+    return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_sllv_epi32(v, shift), 24));
+}
+
+__attribute__((target("avx2"))) void wmark_side_tile_avx2(const job_t *job, Py_ssize_t t) {
+    const uint8_t *w = job->packed + t * job->groups * GROUP;
+    const Py_ssize_t c0 = t * TILE;
+    for (Py_ssize_t r = 0; r < job->m; r++) {
+        const int32_t *idx = job->side_idx + r * job->side;
+        const float *val = job->side_val + r * job->side;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int d = 0; d < job->side; d++) {
+            const uint8_t *g = w + (idx[d] / 4) * GROUP;
+            const __m256i shift = _mm256_set1_epi32(24 - 8 * (idx[d] % 4));
+            const __m256 x = _mm256_set1_ps(val[d]);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(weights8(g, shift), x));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(weights8(g + 32, shift), x));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(weights8(g + 64, shift), x));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(weights8(g + 96, shift), x));
+        }
+        float side[TILE];
+        _mm256_storeu_ps(side, a0);
+        _mm256_storeu_ps(side + 8, a1);
+        _mm256_storeu_ps(side + 16, a2);
+        _mm256_storeu_ps(side + 24, a3);
+        float *o = job->out + r * job->n + c0;
+        for (int j = 0; j < TILE && c0 + j < job->n; j++) o[j] = o[j] + side[j] * job->scale[c0 + j];
+    }
+}
 #endif

@@ -98,11 +98,13 @@ void wmark_run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
                 wmark_side_tile_vnni(job, t);
                 continue;
             }
-            if (job->backend == AVX2)
+            if (job->backend == AVX2) {
                 wmark_tile_avx2(job, t);
-            else
+                wmark_side_tile_avx2(job, t);
+                continue;
+            }
 #endif
-                tile_portable(job, t);
+            tile_portable(job, t);
             wmark_side_tile(job, t);
             continue;
         }
