@@ -162,9 +162,9 @@ typedef struct rows_job {
     int8_t *q;          /* (m, kp), or (2m, kp) with residual */
     uint8_t *aux;
     float *rowscale;    /* (m), or (2m) with residual */
-    float *res;         /* (m, k) scratch for the residuals, or NULL: no residual rows */
-    int32_t *side_idx;  /* (m, side) an outlier call's channels (then `res` holds the rows without
-                         * them), or NULL */
+    float *res;         /* (m, k) scratch: the residuals, or an outlier call's rows without their
+                         * float channels; NULL: neither */
+    int32_t *side_idx;  /* (m, side) an outlier call's channels, or NULL */
     float *side_val;    /* (m, side) their values */
     int side;
 } rows_job_t;
