@@ -112,8 +112,9 @@ WMARK_HIDDEN extern atomic_int wmark_wide_failed; /* a thread could not get its 
 /* Outlier activations (`linear(..., activations=ACT_OUTLIERS)`): each row's OUTLIERS largest
  * channels by magnitude (ties: the lower channel) are taken out of its int8 part and multiplied
  * in float32 instead, by a pass over each tile's weights right after the tile's sums, while
- * they are in cache (wmark_side_tile; the avx2 and avx512vnni builds have vector copies). One int8 part plus this costs about 0.6 of two parts'
- * arithmetic at a verify's row count and keeps the channels that crush a row's scale exact. */
+ * they are in cache (wmark_side_tile; the avx2 and avx512vnni builds have vector copies). One
+ * int8 part plus this costs about 0.6 of two parts' arithmetic at a verify's row count and keeps
+ * the channels that crush a row's scale exact. */
 #define OUTLIERS 16
 enum activations { ACT_ONE = 0, ACT_TWO = 1, ACT_OUTLIERS = 2 };
 

@@ -83,6 +83,35 @@ void wmark_side_tile(const job_t *job, Py_ssize_t t) {
     }
 }
 
+/* Tile t of an 8-bit job on its build's kernel, and an outlier call's float part on its build's copy. */
+static void tile8(const job_t *job, Py_ssize_t t) {
+#ifdef WMARK_X86
+    if (job->backend == AVX512VNNI) {
+        wmark_tile_vnni(job, t);
+        return;
+    }
+    if (job->backend == AVX2) {
+        wmark_tile_avx2(job, t);
+        return;
+    }
+#endif
+    tile_portable(job, t);
+}
+
+static void side_tile(const job_t *job, Py_ssize_t t) {
+#ifdef WMARK_X86
+    if (job->backend == AVX512VNNI) {
+        wmark_side_tile_vnni(job, t);
+        return;
+    }
+    if (job->backend == AVX2) {
+        wmark_side_tile_avx2(job, t);
+        return;
+    }
+#endif
+    wmark_side_tile(job, t);
+}
+
 void wmark_run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
 #ifdef WMARK_AMX
     if (job->backend == AMX_TILES) {
@@ -91,23 +120,6 @@ void wmark_run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
     }
 #endif
     for (Py_ssize_t t = first; t < last; t++) {
-        if (job->side_idx != NULL) { /* an outlier call: 8-bit weights, never paired, never AMX tiles */
-#ifdef WMARK_X86
-            if (job->backend == AVX512VNNI) {
-                wmark_tile_vnni(job, t);
-                wmark_side_tile_vnni(job, t);
-                continue;
-            }
-            if (job->backend == AVX2) {
-                wmark_tile_avx2(job, t);
-                wmark_side_tile_avx2(job, t);
-                continue;
-            }
-#endif
-            tile_portable(job, t);
-            wmark_side_tile(job, t);
-            continue;
-        }
         if (job->nibbles) {
 #ifdef WMARK_X86
             if (job->backend == AVX512VNNI) {
@@ -118,16 +130,7 @@ void wmark_run_tiles(const job_t *job, Py_ssize_t first, Py_ssize_t last) {
             tile_portable4(job, t);
             continue;
         }
-#ifdef WMARK_X86
-        if (job->backend == AVX512VNNI) {
-            wmark_tile_vnni(job, t);
-            continue;
-        }
-        if (job->backend == AVX2) {
-            wmark_tile_avx2(job, t);
-            continue;
-        }
-#endif
-        tile_portable(job, t);
+        tile8(job, t);
+        if (job->side_idx != NULL) side_tile(job, t); /* an outlier call: its float part (never AMX tiles) */
     }
 }

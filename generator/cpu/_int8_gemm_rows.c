@@ -113,9 +113,10 @@ static void quantise_rows(const float *x, Py_ssize_t m, Py_ssize_t k, Py_ssize_t
  * Scanned in channel order, the chosen kept sorted by magnitude, larger first, and among equal
  * magnitudes by channel, lower first; a channel enters only if strictly larger than the last
  * kept, which it then evicts. So the set is the d first channels in (magnitude descending,
- * channel ascending) order, the same in every build (one portable routine, exact compares;
- * NaN never enters). Returned in channel order (the order the float part adds them in), and
- * the row is copied into `rest` with those channels zeroed, for quantisation.
+ * channel ascending) order, the same in every build (one portable routine, exact compares; a
+ * NaN enters only among the first d channels, and then stays). Returned in channel order (the
+ * order the float part adds them in), and the row is copied into `rest` with those channels
+ * zeroed, for quantisation.
  */
 static void take_outliers(const float *row, Py_ssize_t k, int d, int32_t *idx, float *val, float *rest) {
     float mag[OUTLIERS];
@@ -143,14 +144,10 @@ static void take_outliers(const float *row, Py_ssize_t k, int d, int32_t *idx, f
         at[p] = c;
     }
     memcpy(rest, row, (size_t)k * sizeof(float));
-    for (int j = 0; j < kept; j++) {
+    for (int j = 0; j < kept; j++) { /* kept == d: d <= k, and every channel enters until then */
         idx[j] = at[j];
         val[j] = row[at[j]];
         rest[at[j]] = 0.0f;
-    }
-    for (int j = kept; j < d; j++) { /* k < d never happens (d = min(OUTLIERS, k)); kept == d */
-        idx[j] = 0;
-        val[j] = 0.0f;
     }
 }
 

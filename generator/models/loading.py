@@ -217,9 +217,9 @@ def load_pair(
     if precision == "auto":
         precision = "int8" if device == "cpu" else "bf16"
     target_rows = "two"
-    if precision == "int8-fast" and device != "cpu":
-        raise BackendError(f"precision int8-fast is CPU-only; use bf16, fp16 or fp32 on {device}")
     if precision == "int8-fast":
+        if device != "cpu":
+            raise BackendError(f"precision int8-fast is CPU-only; use bf16, fp16 or fp32 on {device}")
         precision, target_rows = "int8", "outliers"  # the same weights and caches as int8
     say = progress or (lambda _msg: None)
     try:
