@@ -9,9 +9,10 @@ one forward over M new tokens after a 200-token prefix (`--sizes`); the drafter 
 weights cut to 4 bits (`wmark.generator.drafters.int4_weights`, what `build_drafter` does on VNNI CPUs).
 `--prefetch near,far,rows` also crosses them with the weight prefetch policies (`_int8_gemm.prefetch`:
 into L1 96 groups ahead, into L2 192 ahead (Intel's default), or near below 9 quantised rows in a
-call (5 with 4-bit weights) and far from there (AMD's)). `--activations two,outliers,one` times
+call (5 with 4-bit weights) and far from there (AMD's)). `--activations two,outliers,one,fast` times
 the target with each way of quantising its rows (`RowInt8Linear.activations`; the default,
-two, alone without it). Every build gives the
+two, alone without it); `fast` is `--precision int8-fast`'s target: outliers on its block-scaled
+weights (`RowInt8Linear.scale_cols`). Every build gives the
 same bits (tests/integration/generator/test_rowwise_int8.py), so only the time differs; the table
 reports milliseconds (medians) and each variant's time over the first one's.
 """
@@ -71,10 +72,20 @@ def main() -> None:
     four = copy.deepcopy(pair.drafter)  # the drafter with 4-bit weights, as build_drafter cuts it
     cut_to_int4(four.model)
     modes = args.activations.split(",")
-    if unknown := set(modes) - set(ACTIVATIONS):
-        parser.error(f"unknown activations {sorted(unknown)}; known: {', '.join(ACTIVATIONS)}")
-    targets = {("target" if modes == ["two"] else f"target, {mode}"): mode for mode in modes}
-    models = {**dict.fromkeys(targets, pair.target), "drafter": pair.drafter, "drafter, 4-bit weights": four}
+    if unknown := set(modes) - {*ACTIVATIONS, "fast"}:
+        parser.error(f"unknown activations {sorted(unknown)}; known: {', '.join(ACTIVATIONS)}, fast")
+    fast = None
+    if "fast" in modes:
+        fast = load_pair("embedded", None, precision="int8-fast", threads=args.threads).target
+    targets = {
+        ("target" if modes == ["two"] else f"target, {mode}"): mode if mode != "fast" else "outliers"
+        for mode in modes
+    }
+    models = {
+        **{role: fast if role.endswith("fast") and fast is not None else pair.target for role in targets},
+        "drafter": pair.drafter,
+        "drafter, 4-bit weights": four,
+    }
     times: dict[tuple[str, str, str], list[float]] = {}
     for _ in range(args.rounds):
         for role, model in models.items():

@@ -1,20 +1,24 @@
 """What two-part activations cost in generation: the default int8 target (each activation row
 quantised in two parts, `RowInt8Linear.activations` "two") against the same weights with its
 rows quantised another way (`--against one`: one int8 scale per row, as before; `--against
-outliers`: one part plus each row's 16 largest channels in float, `--precision int8-fast`),
-side by side.
+outliers`: one part plus each row's 16 largest channels in float; `--against fast`: that on
+weights with a scale per 128 columns, `--precision int8-fast`'s target), side by side.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/int8_residual_speed.py [--limit 4] [--tokens 128]
-        [--against one|outliers] [--prompt-sets summaries-mini,code-mini,eli5-mini]
+        [--against one|outliers|fast] [--prompt-sets summaries-mini,code-mini,eli5-mini]
+        [--kernel avx512vnni]
+
+`--kernel` runs every GEMM on one build (`_int8_gemm.use_backend`): `avx512vnni` on an AMX CPU
+times what a CPU without AMX runs.
 
 Rows: `basic-uwm` (one target forward per token) and `default` (mpfr with the `auto` drafter,
 `wmark generate`'s settings), each with the two-part target ("two parts") and the other one
 (the drafter is one-part in both), the four alternating prompt by prompt on the first
 `--limit` prompts of each set, so that drift of this shared machine hits them alike.
 Smoothing costs nothing at run time (it changes weights, not work), so this is the whole speed
-difference between the two targets. Reports tokens/s end to end and for decoding alone (the
-prompt's prefill left out), the ratios two parts / the other, and per target the default over
-`basic-uwm` (the speedup issue 35 asks of summaries).
+difference between the two targets (with `fast`, its block scales' work too). Reports tokens/s
+end to end and for decoding alone (the prompt's prefill left out), the ratios two parts / the
+other, and per target the default over `basic-uwm` (the speedup issue 35 asks of summaries).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from wmark import KeyMaterial, Secret, WatermarkSpec
 from wmark.detector import TextTokenizer
 from wmark.eval.models import prompt_encoder
 from wmark.eval.prompts import load_prompt_set
+from wmark.generator.cpu import _int8_gemm
 from wmark.generator.drafters.build import build_drafter
 from wmark.generator.engine import generate
 from wmark.generator.models.hf_session import HFModel
@@ -45,10 +50,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=4, help="prompts of each built-in set (x3 sets)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--against", choices=("one", "outliers"), default="one")
+    parser.add_argument("--against", choices=("one", "outliers", "fast"), default="one")
     parser.add_argument("--prompt-sets", default=",".join(SETS))
+    parser.add_argument("--kernel", choices=_int8_gemm.backends(), default=None, help="force one GEMM build")
     args = parser.parse_args()
-    other = {"one": "one part", "outliers": "outliers"}[args.against]
+    other = {"one": "one part", "outliers": "outliers", "fast": "int8-fast"}[args.against]
+    if args.kernel:
+        _int8_gemm.use_backend(args.kernel)
 
     pair = load_pair("embedded", "embedded", precision="int8", threads=args.threads)
     assert pair.drafter is not None
@@ -63,7 +71,10 @@ def main() -> None:
             gemm_threads=model.plan.gemm_threads,
         )
 
-    other_target = rows_as(target, args.against)
+    if args.against == "fast":
+        other_target = load_pair("embedded", None, precision="int8-fast", threads=args.threads).target
+    else:
+        other_target = rows_as(target, args.against)
     builds = {
         "two parts": (target, build_drafter("auto", target, draft_model)),
         other: (other_target, build_drafter("auto", other_target, draft_model)),

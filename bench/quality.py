@@ -10,8 +10,12 @@ prompt, is one chain of draft nodes):
 - `int8` (the default): smoothed int8 weights (`wmark.generator.models.smoothing`) x int8
   activations in two parts, the row and what its int8 value left (`RowInt8Linear.activations` "two"),
   loaded as `wmark generate` loads it;
-- `int8-fast`: the same weights, each activation row one int8 part plus its 16 largest channels
-  in float32 (`RowInt8Linear.activations` "outliers", `--precision int8-fast`);
+- `int8-fast` (`--precision int8-fast`): the same smoothing, the weights with a scale per
+  channel and 128 input columns (`RowInt8Linear.scale_cols`), each activation row one int8 part
+  plus its 16 largest channels in float32 (`RowInt8Linear.activations` "outliers");
+- `outliers, per-channel weights`: int8-fast's rows on the default's weights (int8-fast until
+  2026-12-07);
+- `two parts, block weights`: the default's rows on int8-fast's weights;
 - `int8, one part`: the default with one int8 part per activation row (one scale per row);
 - `int8 before`: neither smoothed nor in two parts (the default until 2026-12-05);
 - `drafter` rows: the draft model as generation runs it (`build_drafter`: its vocabulary head
@@ -73,6 +77,8 @@ RESAMPLES = 2000  # bootstrap draws of the perplexity ratio's interval
 ROWS = (
     "int8 (default)",
     "int8-fast",
+    "outliers, per-channel weights",
+    "two parts, block weights",
     "int8, one part",
     "int8 before",
     "drafter (default)",
@@ -248,9 +254,16 @@ def main() -> None:
     target_float = prepare(TARGET, weights="float32")
     drafter_float = functools.cache(lambda: prepare(DRAFTER, weights="float32"))  # only for its rows
     before = functools.cache(lambda: _unsmoothed(target_float))
+    fast = functools.cache(
+        lambda: load_pair("embedded", None, precision="int8-fast", threads=args.threads).target
+    )
     models: dict[str, Callable[[], HFModel]] = {
         "int8 (default)": lambda: pair.target,
-        "int8-fast": lambda: HFModel(_rows(copy.deepcopy(pair.target.model), "outliers"), frozenset()),
+        "int8-fast": fast,
+        "outliers, per-channel weights": lambda: HFModel(
+            _rows(copy.deepcopy(pair.target.model), "outliers"), frozenset()
+        ),
+        "two parts, block weights": lambda: HFModel(_rows(copy.deepcopy(fast().model), "two"), frozenset()),
         "int8, one part": lambda: HFModel(_rows(copy.deepcopy(pair.target.model), "one"), frozenset()),
         "int8 before": before,
         "drafter (default)": lambda: _as_drafter(pair.drafter, pair.target),

@@ -1,12 +1,13 @@
 /*
  * wmark.generator.cpu._int8_gemm: the exact int8 GEMM of the batch-invariant CPU path.
  *
- * A linear layer y = x W^T + b with int8 weights (a scale per output channel) and int8
- * activations (a scale per row): each row of x is quantised with its own peak, the integer
- * products are summed exactly in int32, and the sum is scaled back. Integer sums do not depend
- * on the order of the additions, so a row's output is the same bits whichever kernel ran and
- * however many rows rode along: what speculative verification needs (a token's logits must not
- * depend on the draft tree it was verified in).
+ * A linear layer y = x W^T + b with int8 weights (a scale per output channel, or per channel and
+ * block of columns: "Block weight scales" below) and int8 activations (a scale per row): each
+ * row of x is quantised with its own peak, the integer products are summed exactly in int32,
+ * and the sum is scaled back. Integer sums do not depend on the order of the additions, and
+ * every float step after them has one order in every build, so a row's output is the same bits
+ * whichever kernel ran and however many rows rode along: what speculative verification needs (a
+ * token's logits must not depend on the draft tree it was verified in).
  *
  * Why not fbgemm: its packed weights are opaque (they cannot be stored, so every load repacked
  * the 1.5B target for ~5 s), it takes its input as separate torch ops (abs, amax, divide, round,
@@ -30,7 +31,7 @@
  * channels). Fewer rows, or widths that are not a multiple of 64, run the avx512vnni code.
  * linear4 runs the VNNI loop (or portable C) over 4-bit weights, two a byte, unpacked to the
  * same registers (draft models only: wmark.generator.drafters.int4_weights).
- * Compile with -ffp-contract=off: the scaling is two multiplications and an addition, in that
+ * Compile with -ffp-contract=off: the scaling is multiplications and additions in a fixed
  * order, never fused, so it rounds like the torch expression it replaced.
  *
  * The module is one extension built from several C files, one per job:
@@ -118,23 +119,49 @@ WMARK_HIDDEN extern atomic_int wmark_wide_failed; /* a thread could not get its 
 #define OUTLIERS 16
 enum activations { ACT_ONE = 0, ACT_TWO = 1, ACT_OUTLIERS = 2 };
 
+/* Block weight scales (`linear(..., scale_cols)`): a scale per output channel and block of
+ * scale_cols input columns (SCALE_COLS in the models), instead of one per channel. A block's
+ * integer sum is exact as ever; the blocks meet in float32, in ascending order:
+ *   f = (float)sum_0 * scale_0;  f = f + (float)sum_1 * scale_1;  ...;  out = f * rowscale (+ bias)
+ * (one block: today's finish(), the same bits). An outlier call's float part adds each block's
+ * channels the same way: out = out + side_b * scale_b over the blocks holding its channels. The
+ * scales are float32, (tiles, blocks, TILE) (scales_at). The avx512vnni build cannot take
+ * 128 x (weight sum) off each block's sums without a table of them as large as the scales, so
+ * there the weights are the unsigned operand instead (w + 128, a flip of their top bit), the
+ * rows' int8 values the signed one, and each block's sum less 128 x (the row's sum over the
+ * block: job.qsum, from the rows phase). 8-bit weights only;
+ * never on the tile unit (the sums would have to leave the tiles every two products). Why: the
+ * weights' own rounding is most of what the int8 path loses against float32 once the activations
+ * are near-exact (BENCHMARKS.md, "Quality"). */
+
 /* AMX_TILES is not a build of its own: the job of an "amx" call that runs on the tile unit. */
 enum backend { PORTABLE = 0, AVX2 = 1, AVX512VNNI = 2, AMX = 3, AMX_TILES = 4 };
 
 static inline Py_ssize_t tiles_of(Py_ssize_t n) { return (n + TILE - 1) / TILE; }
 static inline Py_ssize_t groups_of(Py_ssize_t k) { return (k + 3) / 4; }
+/* Groups of 4 columns a scale covers, and the scale blocks of a k-wide layer (scale_cols 0: a
+ * scale per channel, one block; else a positive multiple of 4, checked by the module). */
+static inline Py_ssize_t span_of(Py_ssize_t k, Py_ssize_t scale_cols) {
+    return scale_cols > 0 ? scale_cols / 4 : groups_of(k);
+}
+static inline Py_ssize_t blocks_of(Py_ssize_t k, Py_ssize_t scale_cols) {
+    return (groups_of(k) + span_of(k, scale_cols) - 1) / span_of(k, scale_cols);
+}
 
 /* One call's work: the quantised rows and where the tiles' results go. */
 typedef struct {
     const uint8_t *packed;  /* tiles x groups x GROUP bytes */
     const int32_t *colsum;  /* (tiles x TILE) weight sums per channel, 0 past n */
-    const float *scale;     /* (n) channel scales */
+    const float *scale;     /* (n) channel scales, or (tiles, blocks, TILE) per block of `span` groups */
     const float *bias;      /* (n) or NULL */
     const int8_t *q;        /* (m, 4 groups) quantised rows, signed, zero-padded (AMX: to 16 rows) */
     const uint8_t *aux;     /* (m, 4 groups): q + 128 (avx512vnni) or |q| (avx2); else NULL */
     const float *rowscale;  /* (m) peak / 127 */
+    const int32_t *qsum;    /* (m, blocks) each quantised row's sum over each block, or NULL */
     float *out;             /* (m, n), or (m / 2, n) where paired */
     Py_ssize_t m, n, groups;
+    Py_ssize_t span, blocks; /* groups of 4 columns a scale covers (groups: one per channel), and
+                              * the blocks of them, ceil(groups / span) */
     int backend;
     int nibbles; /* 4-bit weights (linear4): GROUP4 bytes a group */
     int paired;  /* a residual call: quantised rows 2r and 2r + 1 are one output row (see add_pair) */
@@ -168,16 +195,32 @@ typedef struct rows_job {
     int32_t *side_idx;  /* (m, side) an outlier call's channels, or NULL */
     float *side_val;    /* (m, side) their values */
     int side;
+    int32_t *qsum;      /* (quantised rows, blocks) their sums over each block of `span` groups, or NULL */
+    Py_ssize_t span, blocks;
 } rows_job_t;
 
-/* ---- the epilogue, portable: (float)sum * scale * rowscale (+ bias), in that order ---- */
-static inline float finish(int32_t sum, float scale, float rowscale, const float *bias, Py_ssize_t c) {
-    float f = (float)sum;
-    f = f * scale;
+/* ---- the epilogue, portable: (float)sum * scale, summed over blocks, * rowscale (+ bias) ---- */
+/* Block b's sum scaled and added to the blocks before it (`f`, unused for the first). */
+static inline float scaled(float f, int32_t sum, float scale, Py_ssize_t b) {
+    const float g = (float)sum * scale;
+    return b == 0 ? g : f + g;
+}
+
+static inline float finish(float f, float rowscale, const float *bias, Py_ssize_t c) {
     f = f * rowscale;
     if (bias != NULL) f = f + bias[c];
     return f;
 }
+
+/* Tile t's scales of block b, from its first channel on. Blocks > 1 are stored tile by tile,
+ * (tiles, blocks, TILE), so that a tile's scales stream in order beside its weights (laid out
+ * (blocks, n) they cost a one-row forward ~10 %: a jump per block); one block is the plain (n). */
+static inline const float *scales_at(const job_t *job, Py_ssize_t t, Py_ssize_t b) {
+    return job->scale + (job->blocks == 1 ? t * TILE : (t * job->blocks + b) * TILE);
+}
+
+/* The scale block an input column belongs to (an outlier channel's float part is scaled by it). */
+static inline Py_ssize_t block_of(const job_t *job, Py_ssize_t col) { return col / 4 / job->span; }
 
 /* A residual call's output row r is (quantised row 2r's output + row 2r + 1's) + bias, in that
  * order (every build's bits): each kernel's epilogue computes a pair's rows one after the other

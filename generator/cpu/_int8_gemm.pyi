@@ -24,6 +24,7 @@ def linear(
     norm: Buffer | None = ...,
     eps: float = ...,
     activations: int = ...,  # 0 one part, 1 two, 2 outliers (`rowwise.ACTIVATIONS`)
+    scale_cols: int = ...,  # 0 a scale per channel, else per channel and block of this many columns
     /,
 ) -> None: ...
 

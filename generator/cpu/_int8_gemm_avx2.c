@@ -28,6 +28,22 @@
                                    _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(w1, s)), ones)); \
     }
 
+/* A block's sums (16 channels, 8 a register) scaled and added to the blocks' before (scaled()). */
+__attribute__((target("avx2"), always_inline)) static inline void fold8(float *f, __m256i sums, __m256 scale,
+                                                                        Py_ssize_t b) {
+    __m256 g = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scale);
+    if (b > 0) g = _mm256_add_ps(_mm256_loadu_ps(f), g);
+    _mm256_storeu_ps(f, g);
+}
+
+#define AVX2_FOLD(r)                                   \
+    if (rows > r) {                                    \
+        fold8(f[r], c##r##0, s0, b);                   \
+        fold8(f[r] + 8, c##r##1, s1, b);               \
+        c##r##0 = _mm256_setzero_si256();              \
+        c##r##1 = c##r##0;                             \
+    }
+
 __attribute__((target("avx2"), always_inline)) static inline void half_avx2(const job_t *job, Py_ssize_t t,
                                                                               int half, Py_ssize_t r0,
                                                                               const int rows) {
@@ -36,31 +52,35 @@ __attribute__((target("avx2"), always_inline)) static inline void half_avx2(cons
     const int8_t *q = job->q + r0 * kp;
     const uint8_t *mag = job->aux + r0 * kp;
     const __m256i ones = _mm256_set1_epi16(1);
+    const Py_ssize_t c0 = t * TILE + half * 16;
     __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
             c31 = c00;
-    for (Py_ssize_t g = 0; g < job->groups; g++) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
-        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP + 32));
-        AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3)
+    float f[ROWS_256][16]; /* the scaled sums of the blocks so far */
+    for (Py_ssize_t b = 0; b < job->blocks; b++) {
+        const Py_ssize_t last = (b + 1) * job->span < job->groups ? (b + 1) * job->span : job->groups;
+        for (Py_ssize_t g = b * job->span; g < last; g++) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP + 32));
+            AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3)
+        }
+        float sc[16];
+        const float *scale = scales_at(job, t, b) + half * 16;
+        for (int j = 0; j < 16; j++) sc[j] = c0 + j < job->n ? scale[j] : 0.0f;
+        const __m256 s0 = _mm256_loadu_ps(sc), s1 = _mm256_loadu_ps(sc + 8);
+        AVX2_FOLD(0) AVX2_FOLD(1) AVX2_FOLD(2) AVX2_FOLD(3)
     }
-    const __m256i acc[ROWS_256][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
-    const Py_ssize_t c0 = t * TILE + half * 16;
     float held[16]; /* a pair's first row (paired jobs: blocks start at even rows) */
     for (int r = 0; r < rows; r++) {
-        int32_t sums[16];
-        _mm256_storeu_si256((__m256i *)sums, acc[r][0]);
-        _mm256_storeu_si256((__m256i *)(sums + 8), acc[r][1]);
         const float rs = job->rowscale[r0 + r];
         if (!job->paired) {
             float *out = job->out + (r0 + r) * job->n;
-            for (int j = 0; j < 16 && c0 + j < job->n; j++)
-                out[c0 + j] = finish(sums[j], job->scale[c0 + j], rs, job->bias, c0 + j);
+            for (int j = 0; j < 16 && c0 + j < job->n; j++) out[c0 + j] = finish(f[r][j], rs, job->bias, c0 + j);
         } else if (r % 2 == 0) {
-            for (int j = 0; j < 16 && c0 + j < job->n; j++) held[j] = finish(sums[j], job->scale[c0 + j], rs, NULL, c0 + j);
+            for (int j = 0; j < 16 && c0 + j < job->n; j++) held[j] = finish(f[r][j], rs, NULL, c0 + j);
         } else {
             float *out = job->out + (r0 + r) / 2 * job->n;
             for (int j = 0; j < 16 && c0 + j < job->n; j++)
-                out[c0 + j] = add_pair(held[j], finish(sums[j], job->scale[c0 + j], rs, NULL, c0 + j), job->bias, c0 + j);
+                out[c0 + j] = add_pair(held[j], finish(f[r][j], rs, NULL, c0 + j), job->bias, c0 + j);
         }
     }
 }
@@ -94,23 +114,27 @@ __attribute__((target("avx2"))) void wmark_side_tile_avx2(const job_t *job, Py_s
     for (Py_ssize_t r = 0; r < job->m; r++) {
         const int32_t *idx = job->side_idx + r * job->side;
         const float *val = job->side_val + r * job->side;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int d = 0; d < job->side; d++) {
-            const uint8_t *g = w + (idx[d] / 4) * GROUP;
-            const __m256i shift = _mm256_set1_epi32(24 - 8 * (idx[d] % 4));
-            const __m256 x = _mm256_set1_ps(val[d]);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(weights8(g, shift), x));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(weights8(g + 32, shift), x));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(weights8(g + 64, shift), x));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(weights8(g + 96, shift), x));
-        }
-        float side[TILE];
-        _mm256_storeu_ps(side, a0);
-        _mm256_storeu_ps(side + 8, a1);
-        _mm256_storeu_ps(side + 16, a2);
-        _mm256_storeu_ps(side + 24, a3);
         float *o = job->out + r * job->n + c0;
-        for (int j = 0; j < TILE && c0 + j < job->n; j++) o[j] = o[j] + side[j] * job->scale[c0 + j];
+        for (int d = 0; d < job->side;) { /* a block's channels at a time (see wmark_side_tile) */
+            const Py_ssize_t b = block_of(job, idx[d]);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (; d < job->side && block_of(job, idx[d]) == b; d++) {
+                const uint8_t *g = w + (idx[d] / 4) * GROUP;
+                const __m256i shift = _mm256_set1_epi32(24 - 8 * (idx[d] % 4));
+                const __m256 x = _mm256_set1_ps(val[d]);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(weights8(g, shift), x));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(weights8(g + 32, shift), x));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(weights8(g + 64, shift), x));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(weights8(g + 96, shift), x));
+            }
+            float side[TILE];
+            _mm256_storeu_ps(side, a0);
+            _mm256_storeu_ps(side + 8, a1);
+            _mm256_storeu_ps(side + 16, a2);
+            _mm256_storeu_ps(side + 24, a3);
+            const float *scale = scales_at(job, t, b);
+            for (int j = 0; j < TILE && c0 + j < job->n; j++) o[j] = o[j] + side[j] * scale[j];
+        }
     }
 }
 #endif

@@ -77,6 +77,13 @@ PyDoc_STRVAR(pack_doc,
              "Write weight (int8, (n, k)) into packed (uint8, packed_size(n, k) bytes, zeroed beforehand)\n"
              "and each channel's weight sum into colsum (int32, 32 x ceil(n / 32), zeroed beforehand).");
 
+/* scale_cols: 0 (a scale per channel) or a positive multiple of 4; else a ValueError. */
+static int check_scale_cols(Py_ssize_t scale_cols, const char *name) {
+    if (scale_cols == 0 || (scale_cols > 0 && scale_cols % 4 == 0)) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: scale_cols must be 0 or a positive multiple of 4, got %zd", name, scale_cols);
+    return -1;
+}
+
 static PyObject *pack(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *objs[3];
@@ -126,7 +133,8 @@ static PyObject *unpack(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(linear_doc,
-             "linear(x, packed, colsum, scale, bias, out, m, n, k, threads[, prologue, norm, eps, activations])\n\n"
+             "linear(x, packed, colsum, scale, bias, out, m, n, k, threads[, prologue, norm, eps, activations,\n"
+             "scale_cols])\n\n"
              "out = the exact int8 linear layer of x: float32 (m, k) rows, each quantised with its own\n"
              "peak; packed/colsum from pack(); scale: float32 (n); bias: float32 (n) or None; out: float32\n"
              "(m, n), written. Runs on `threads` threads (this module's own), releasing the GIL.\n"
@@ -136,7 +144,11 @@ PyDoc_STRVAR(linear_doc,
              "row minus its int8 value, quantised with its own peak) and the two outputs are added:\n"
              "~16-bit activations for twice the rows' arithmetic, the weights still read once.\n"
              "activations 2 (outliers): each row's 16 largest channels by magnitude (ties: the lower\n"
-             "channel) are multiplied in float32 and the rest as one int8 part (8-bit weights only).");
+             "channel) are multiplied in float32 and the rest as one int8 part (8-bit weights only).\n"
+             "scale_cols (8-bit weights only; a positive multiple of 4): a scale per channel and block of\n"
+             "that many columns: scale is float32 (ceil(n / 32), blocks = ceil(k / scale_cols), 32), zero\n"
+             "past n, a tile of 32 channels' blocks side by side,\n"
+             "and each block's exact sum is scaled and the blocks added in order before the row's scale.");
 
 static PyObject *linear_call(PyObject *args, int nibbles) {
     PyObject *objs[6];
@@ -144,9 +156,15 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
     int threads, prologue = PLAIN, activations = ACT_ONE;
     PyObject *norm = Py_None;
     float eps = 0.0f;
-    if (!PyArg_ParseTuple(args, "OOOOOOnnni|iOfi", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &m,
-                          &n, &k, &threads, &prologue, &norm, &eps, &activations))
+    Py_ssize_t scale_cols = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOnnni|iOfin", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &m,
+                          &n, &k, &threads, &prologue, &norm, &eps, &activations, &scale_cols))
         return NULL;
+    if (check_scale_cols(scale_cols, "linear") < 0) return NULL;
+    if (scale_cols != 0 && nibbles) {
+        PyErr_SetString(PyExc_ValueError, "linear4: block scales need 8-bit weights");
+        return NULL;
+    }
     if (activations != ACT_ONE && activations != ACT_TWO && activations != ACT_OUTLIERS) {
         PyErr_Format(PyExc_ValueError, "linear: unknown activations %d", activations);
         return NULL;
@@ -171,9 +189,10 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
     Py_buffer norm_view = {.obj = NULL};
     if (prologue == RMS_NORM && get_buffer(norm, &norm_view, 0, "norm", k * 4) < 0) return NULL;
     const int has_bias = objs[4] != Py_None;
-    const Py_ssize_t groups = groups_of(k), kp = groups * 4;
-    const Py_ssize_t need[6] = {m * k * (prologue == SWIGLU ? 8 : 4), tiles_of(n) * groups * (nibbles ? GROUP4 : GROUP), tiles_of(n) * TILE * 4,
-                                n * 4, n * 4, m * n * 4};
+    const Py_ssize_t groups = groups_of(k), kp = groups * 4, blocks = blocks_of(k, scale_cols);
+    const Py_ssize_t need[6] = {m * k * (prologue == SWIGLU ? 8 : 4), tiles_of(n) * groups * (nibbles ? GROUP4 : GROUP),
+                                tiles_of(n) * TILE * 4, (blocks == 1 ? n : blocks * tiles_of(n) * TILE) * 4,
+                                n * 4, m * n * 4};
     static const char *names[6] = {"x", "packed", "colsum", "scale", "bias", "out"};
     Py_buffer views[6];
     int got = 0;
@@ -195,8 +214,9 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
          * AMX_MIN_ROWS_WIDENED, up to AMX_WIDE_BYTES widened), over whole 64-column chunks, on the
          * tile unit, and everything else as avx512vnni */
         const Py_ssize_t qm = residual ? 2 * m : m; /* quantised rows the GEMM multiplies */
-        /* an outlier call's float part runs after each VNNI tile: not on the tile unit */
-        const int tiles = active_backend == AMX && !outliers && qm >= (nibbles ? AMX_MIN_ROWS_WIDENED : AMX_MIN_ROWS) &&
+        /* an outlier call's float part runs after each VNNI tile, and block scales would take the
+         * sums out of the tiles every two products: neither on the tile unit */
+        const int tiles = active_backend == AMX && !outliers && blocks == 1 && qm >= (nibbles ? AMX_MIN_ROWS_WIDENED : AMX_MIN_ROWS) &&
                           groups % 16 == 0 &&
                           (!nibbles || groups * GROUP <= AMX_WIDE_BYTES);
         int backend = tiles ? AMX_TILES : active_backend == AMX ? AVX512VNNI : active_backend;
@@ -211,9 +231,13 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         const int side = k < OUTLIERS ? (int)k : OUTLIERS;
         int32_t *side_idx = outliers ? malloc((size_t)(m * side) * sizeof(int32_t)) : NULL;
         float *side_val = outliers ? malloc((size_t)(m * side) * sizeof(float)) : NULL;
+        /* block scales on VNNI: each quantised row's sum per block (see _int8_gemm.h) */
+        const int sums = blocks > 1 && backend == AVX512VNNI;
+        int32_t *qsum = sums ? malloc((size_t)(qm * blocks) * sizeof(int32_t)) : NULL;
         if (q == NULL || rowscale == NULL || (backend != PORTABLE && !tiles && aux == NULL) ||
             (prologue != PLAIN && h == NULL) || ((residual || outliers) && res == NULL) ||
-            (outliers && (side_idx == NULL || side_val == NULL))) {
+            (outliers && (side_idx == NULL || side_val == NULL)) || (sums && qsum == NULL)) {
+            free(qsum);
             free(q);
             free(aux);
             free(rowscale);
@@ -225,13 +249,15 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
             goto done;
         }
         const float *bias = has_bias ? views[4].buf : NULL;
+        const Py_ssize_t span = span_of(k, scale_cols);
         const rows_job_t rows_job = {views[0].buf, norm_view.buf, eps, h, prologue, rounding, k, kp, q, aux, rowscale,
-                                     res, side_idx, side_val, side};
+                                     res, side_idx, side_val, side, qsum, span, blocks};
         /* a residual call's quantised rows 2r and 2r + 1 are added into out row r by the tiles'
          * epilogue (add_pair in _int8_gemm.h): the two parts' outputs are never stored */
         job_t job = {.packed = views[1].buf, .colsum = views[2].buf, .scale = views[3].buf, .bias = bias,
-                     .q = q, .aux = aux, .rowscale = rowscale, .out = views[5].buf, .m = qm, .n = n,
-                     .groups = groups, .backend = backend, .nibbles = nibbles, .paired = residual,
+                     .q = q, .aux = aux, .rowscale = rowscale, .qsum = qsum, .out = views[5].buf, .m = qm,
+                     .n = n, .groups = groups, .span = span, .blocks = blocks, .backend = backend,
+                     .nibbles = nibbles, .paired = residual,
                      .side_idx = side_idx, .side_val = side_val, .side = side};
         job_t rows_phase = job;
         rows_phase.rows = &rows_job;
@@ -253,6 +279,7 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         free(res);
         free(side_idx);
         free(side_val);
+        free(qsum);
         if (failed) {
             PyErr_NoMemory();
             goto done;

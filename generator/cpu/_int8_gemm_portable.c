@@ -8,20 +8,28 @@
  */
 #include "_int8_gemm.h"
 
-/* Quantised row r's sums for tile t into the output: its own row, or where the job is paired
- * the first of a pair kept in `held` and the second added to it (add_pair). */
-static void store_row(const job_t *job, Py_ssize_t t, Py_ssize_t r, const int32_t *sums, float *held) {
+/* Quantised row r's scaled sums (its blocks' sums already scaled and added: scaled()) for tile t
+ * into the output: its own row, or where the job is paired the first of a pair kept in `held`
+ * and the second added to it (add_pair). */
+static void store_row(const job_t *job, Py_ssize_t t, Py_ssize_t r, const float *f, float *held) {
     const Py_ssize_t c0 = t * TILE;
     const float rs = job->rowscale[r];
     for (int j = 0; j < TILE && c0 + j < job->n; j++) {
         const Py_ssize_t c = c0 + j;
         if (!job->paired)
-            job->out[r * job->n + c] = finish(sums[j], job->scale[c], rs, job->bias, c);
+            job->out[r * job->n + c] = finish(f[j], rs, job->bias, c);
         else if (r % 2 == 0)
-            held[j] = finish(sums[j], job->scale[c], rs, NULL, c);
+            held[j] = finish(f[j], rs, NULL, c);
         else
-            job->out[r / 2 * job->n + c] = add_pair(held[j], finish(sums[j], job->scale[c], rs, NULL, c), job->bias, c);
+            job->out[r / 2 * job->n + c] = add_pair(held[j], finish(f[j], rs, NULL, c), job->bias, c);
     }
+}
+
+/* Block b's integer sums of tile t into the scaled sums f (scaled()). */
+static void scale_block(const job_t *job, Py_ssize_t t, Py_ssize_t b, const int32_t *sums, float *f) {
+    const Py_ssize_t c0 = t * TILE;
+    const float *scale = scales_at(job, t, b);
+    for (int j = 0; j < TILE && c0 + j < job->n; j++) f[j] = scaled(f[j], sums[j], scale[j], b);
 }
 
 static void tile_portable(const job_t *job, Py_ssize_t t) {
@@ -30,14 +38,19 @@ static void tile_portable(const job_t *job, Py_ssize_t t) {
     float held[TILE];
     for (Py_ssize_t r = 0; r < job->m; r++) {
         const int8_t *a = job->q + r * kp;
-        int32_t sums[TILE] = {0};
-        for (Py_ssize_t g = 0; g < job->groups; g++) {
-            const int8_t *wg = (const int8_t *)(w + g * GROUP);
-            const int8_t *ag = a + 4 * g;
-            for (int j = 0; j < TILE; j++)
-                sums[j] += ag[0] * wg[4 * j] + ag[1] * wg[4 * j + 1] + ag[2] * wg[4 * j + 2] + ag[3] * wg[4 * j + 3];
+        float f[TILE] = {0};
+        for (Py_ssize_t b = 0; b < job->blocks; b++) {
+            int32_t sums[TILE] = {0};
+            const Py_ssize_t last = (b + 1) * job->span < job->groups ? (b + 1) * job->span : job->groups;
+            for (Py_ssize_t g = b * job->span; g < last; g++) {
+                const int8_t *wg = (const int8_t *)(w + g * GROUP);
+                const int8_t *ag = a + 4 * g;
+                for (int j = 0; j < TILE; j++)
+                    sums[j] += ag[0] * wg[4 * j] + ag[1] * wg[4 * j + 1] + ag[2] * wg[4 * j + 2] + ag[3] * wg[4 * j + 3];
+            }
+            scale_block(job, t, b, sums, f);
         }
-        store_row(job, t, r, sums, held);
+        store_row(job, t, r, f, held);
     }
 }
 
@@ -50,7 +63,7 @@ static void tile_portable4(const job_t *job, Py_ssize_t t) {
     const uint8_t *w = job->packed + t * job->groups * GROUP4;
     const Py_ssize_t kp = job->groups * 4;
     float held[TILE];
-    for (Py_ssize_t r = 0; r < job->m; r++) {
+    for (Py_ssize_t r = 0; r < job->m; r++) { /* one block: 4-bit weights have a scale per channel */
         const int8_t *a = job->q + r * kp;
         int32_t sums[TILE] = {0};
         for (Py_ssize_t g = 0; g < job->groups; g++) {
@@ -59,12 +72,15 @@ static void tile_portable4(const job_t *job, Py_ssize_t t) {
             for (int j = 0; j < TILE; j++)
                 for (int i = 0; i < 4; i++) sums[j] += ag[i] * nibble(wg, 4 * j + i);
         }
-        store_row(job, t, r, sums, held);
+        float f[TILE];
+        scale_block(job, t, 0, sums, f);
+        store_row(job, t, r, f, held);
     }
 }
 
 /* See _int8_gemm.h. Channel j's weight for input column c is byte 4 j + c % 4 of the tile's
- * group c / 4. */
+ * group c / 4. The row's channels ascend, so each block's come together: a block's sum is
+ * added (times the block's scale) before the next block's starts from 0. */
 void wmark_side_tile(const job_t *job, Py_ssize_t t) {
     const uint8_t *w = job->packed + t * job->groups * GROUP;
     const Py_ssize_t c0 = t * TILE;
@@ -72,13 +88,16 @@ void wmark_side_tile(const job_t *job, Py_ssize_t t) {
         const int32_t *idx = job->side_idx + r * job->side;
         const float *val = job->side_val + r * job->side;
         for (int j = 0; j < TILE && c0 + j < job->n; j++) {
-            float side = 0.0f;
-            for (int d = 0; d < job->side; d++) {
-                const int8_t weight = (int8_t)w[(idx[d] / 4) * GROUP + 4 * j + idx[d] % 4];
-                side = side + (float)weight * val[d];
-            }
             float *o = job->out + r * job->n + c0 + j;
-            *o = *o + side * job->scale[c0 + j];
+            for (int d = 0; d < job->side;) {
+                const Py_ssize_t b = block_of(job, idx[d]);
+                float side = 0.0f;
+                for (; d < job->side && block_of(job, idx[d]) == b; d++) {
+                    const int8_t weight = (int8_t)w[(idx[d] / 4) * GROUP + 4 * j + idx[d] % 4];
+                    side = side + (float)weight * val[d];
+                }
+                *o = *o + side * scales_at(job, t, b)[j];
+            }
         }
     }
 }

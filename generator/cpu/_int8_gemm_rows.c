@@ -263,7 +263,8 @@ __attribute__((target("avx2"))) static void swiglu_rows_avx2(const float *x, Py_
 
 /* Rows first .. last of a call's rows phase: the prologue into h, then quantisation. Rows are
  * independent, so any split over threads gives the same bytes. */
-void wmark_run_rows(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
+/* Input rows first .. last - 1 through the prologue, then quantised (see rows_job_t). */
+static void quantise_phase(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
     const Py_ssize_t count = last - first, k = rows->k;
     const float *src = rows->x + first * k;
 #ifdef WMARK_X86
@@ -323,4 +324,25 @@ void wmark_run_rows(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
             }
         }
     }
+}
+
+/* Quantised rows first .. last - 1: each one's sum over each block of `span` groups (qsum). */
+static void block_sums(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
+    const Py_ssize_t cols = 4 * rows->span;
+    for (Py_ssize_t r = first; r < last; r++) {
+        const int8_t *q = rows->q + r * rows->kp;
+        for (Py_ssize_t b = 0; b < rows->blocks; b++) {
+            const Py_ssize_t end = (b + 1) * cols < rows->kp ? (b + 1) * cols : rows->kp;
+            int32_t total = 0;
+            for (Py_ssize_t j = b * cols; j < end; j++) total += q[j];
+            rows->qsum[r * rows->blocks + b] = total;
+        }
+    }
+}
+
+void wmark_run_rows(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
+    quantise_phase(rows, first, last);
+    if (rows->qsum == NULL) return;
+    const int parts = rows->res != NULL && rows->side_idx == NULL ? 2 : 1; /* a residual's rows: 2 each */
+    block_sums(rows, parts * first, parts * last);
 }

@@ -40,6 +40,7 @@ __all__ = [
     "SWIGLU",
     "RowFloatLinear",
     "RowInt8Linear",
+    "SCALE_COLS",
     "convert_linears",
     "gemm_threads",
     "gemm_threads_for",
@@ -52,6 +53,9 @@ ACTIVATIONS = {"one": 0, "two": 1, "outliers": 2}
 """How `RowInt8Linear` quantises its rows, and the kernel's number for it: one int8 part (draft
 models), two parts (a target's default), or one part plus each row's 16 largest channels in
 float32."""
+SCALE_COLS = 128
+"""The block width of block-scaled int8 weights (`RowInt8Linear.scale_cols`): a scale per output
+channel and 128 input columns, as llama.cpp's Q8_0 keeps one per 32 (and GPTQ/AWQ per 128)."""
 
 
 def gemm_threads() -> int:
@@ -99,27 +103,68 @@ class RowInt8Linear(nn.Module):
     channel scale (the float part summed over the row's channels in ascending order). Every mode
     is row-local, so batch-invariant, and gives the same bits in every build.
 
+    Block scales (`scale_cols` > 0, `quantize(..., scale_cols)`): a scale per output channel and
+    block of `scale_cols` input columns instead of one per channel, so a block of small weights
+    keeps its own 255 levels instead of the row's largest weight's. Each block's integer sum is
+    still exact; the kernel scales the blocks' sums and adds them in order (float32), then
+    multiplies by the row's scale. What the weights' rounding costs the model falls with it
+    (BENCHMARKS.md, "Quality"); the price is a float step per block in the GEMM, and the "amx"
+    build runs such layers on its VNNI code.
+
     The weights are packed for the kernel on first use (`pack`; `pack_int8` does it at load), or
     come packed from the model cache (`from_packed`, memory-mapped: a later load neither packs
     nor copies them).
 
     Args:
         weight_int8: (out, in) int8 weights.
-        scale: (out,) float64 per-output-channel scales (weight = weight_int8 * scale).
+        scale: float64 scales: (out,) per output channel (weight = weight_int8 * scale), or (out,
+            blocks) per channel and block of `scale_cols` input columns.
         bias: (out,) float32 bias or None.
+        scale_cols: the block width of a 2-D `scale` (a multiple of 4); None: `SCALE_COLS` for a
+            2-D scale, 0 (one scale per channel) for a 1-D one.
     """
 
-    def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        weight_int8: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        scale_cols: int | None = None,
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight_int8.shape
         self._weight: torch.Tensor | None = weight_int8  # until packed: stacking or cutting needs no unpack
         self._packed: torch.Tensor | None = None  # uint8, the kernel's layout
         self._colsum: torch.Tensor | None = None  # int32, each channel's weight sum (padded to 32)
         self.scale = scale.detach().to(torch.float64)
-        self._scale32 = self.scale.to(torch.float32)
+        self.scale_cols = (SCALE_COLS if self.scale.dim() == 2 else 0) if scale_cols is None else scale_cols
+        self._check_scale()
+        self._scale32 = self._kernel_scales()
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self._views: tuple[Any, Any, Any, Any] | None = None  # numpy views of what `linear` reads
         self.activations = "one"  # how rows are quantised (see the class docstring)
+
+    @property
+    def blocks(self) -> int:
+        """Scale blocks per output channel (1 without block scales)."""
+        return -(-self.in_features // self.scale_cols) if self.scale_cols else 1
+
+    def _kernel_scales(self) -> torch.Tensor:
+        """The float32 scales as the kernel reads them: (out,), or with blocks (tiles of 32
+        channels, blocks, 32), a tile's blocks side by side (zeros past the last channel); one
+        block is (out,) as well."""
+        if self.blocks == 1:
+            return self.scale.float().reshape(-1)
+        tiles = -(-self.out_features // 32)
+        padded = nn.functional.pad(self.scale.float(), (0, 0, 0, tiles * 32 - self.out_features))
+        return padded.reshape(tiles, 32, self.blocks).transpose(1, 2).contiguous()
+
+    def _check_scale(self) -> None:
+        if self.scale_cols < 0 or self.scale_cols % 4:
+            raise ValueError(f"scale_cols must be 0 or a positive multiple of 4, got {self.scale_cols}")
+        shape = (self.out_features, self.blocks) if self.scale_cols else (self.out_features,)
+        if tuple(self.scale.shape) != shape:
+            raise ValueError(f"scales of shape {tuple(self.scale.shape)} do not fit {shape}")
 
     @classmethod
     def from_packed(
@@ -129,13 +174,14 @@ class RowInt8Linear(nn.Module):
         shape: tuple[int, int],
         scale: torch.Tensor,
         bias: torch.Tensor | None,
+        scale_cols: int | None = None,
     ) -> Self:
         """A layer over weights already in the kernel's layout (`packed_weights` of another)."""
         out, inp = shape
+        shaped = torch.empty(1, dtype=torch.int8).expand(out, inp)  # the shape, no memory
+        layer = cls(shaped, scale, bias, 0 if scale.dim() == 1 else scale_cols)
         if packed.numel() != cls._packed_bytes(out, inp) or colsum.numel() != -(-out // 32) * 32:
             raise ValueError(f"packed weights do not fit a {out} x {inp} layer")
-        layer = cls(torch.empty(0, 0, dtype=torch.int8), scale, bias)
-        layer.out_features, layer.in_features = out, inp
         layer._weight = None
         layer._packed, layer._colsum = packed, colsum
         return layer
@@ -170,21 +216,40 @@ class RowInt8Linear(nn.Module):
         self._packed, self._colsum, self._weight = packed, colsum, None
 
     @staticmethod
-    def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Symmetric per-output-channel int8: (weight_int8, scale)."""
+    def quantize(weight: torch.Tensor, scale_cols: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Symmetric int8: (weight_int8, scale), a scale per output channel, or with `scale_cols`
+        per channel and block of that many input columns ((out, blocks) scales; the last block
+        may be narrower)."""
         weight = weight.detach().to(torch.float32)
-        scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(torch.float64)
-        weight_int8 = torch.clamp(torch.round(weight / scale[:, None]), -127, 127).to(torch.int8)
-        return weight_int8, scale
+        if not scale_cols:
+            scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(torch.float64)
+            weight_int8 = torch.clamp(torch.round(weight / scale[:, None]), -127, 127).to(torch.int8)
+            return weight_int8, scale
+        out, inp = weight.shape
+        blocks = -(-inp // scale_cols)
+        padded = nn.functional.pad(weight, (0, blocks * scale_cols - inp)).reshape(out, blocks, scale_cols)
+        scale = (padded.abs().amax(dim=2).clamp_min(1e-12) / 127.0).to(torch.float64)
+        weight_int8 = torch.clamp(torch.round(padded / scale[:, :, None]), -127, 127).to(torch.int8)
+        return weight_int8.reshape(out, -1)[:, :inp].contiguous(), scale
+
+    def dequantised(self) -> torch.Tensor:
+        """The float64 weights these int8 weights and scales stand for, (out, in)."""
+        weight, scale = self.int8_weight()
+        if not self.scale_cols:
+            return weight.to(torch.float64) * scale[:, None]
+        steps = scale.repeat_interleave(self.scale_cols, dim=1)[:, : self.in_features]
+        return weight.to(torch.float64) * steps
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RowInt8Linear:
         weight, scale = self.int8_weight()
-        copy = RowInt8Linear(weight.clone(), scale.clone(), None if self.bias is None else self.bias.detach())
+        bias = None if self.bias is None else self.bias.detach()
+        copy = RowInt8Linear(weight.clone(), scale.clone(), bias, self.scale_cols)
         copy.activations = self.activations
         return copy
 
     def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weight_int8, scale) as given to the constructor (to stack or cut layers)."""
+        """(weight_int8, scale) as given to the constructor (to stack or cut layers; the block
+        width is `scale_cols`)."""
         if self._weight is not None:
             return self._weight, self.scale
         assert self._packed is not None
@@ -239,7 +304,7 @@ class RowInt8Linear(nn.Module):
         self._gemm()(
             rows, packed_np, colsum_np, scale_np, bias_np, out,
             rows.shape[0], self.out_features, self.in_features, threads, prologue, norm, eps,
-            ACTIVATIONS[self.activations],
+            ACTIVATIONS[self.activations], self.scale_cols,
         )  # fmt: skip
 
     def _gemm(self) -> Any:
@@ -280,7 +345,9 @@ def pack_int8(layers: Iterable[RowInt8Linear], workers: int = 1) -> None:
         list(pool.map(RowInt8Linear.pack, todo))  # list(): re-raises a worker's exception here
 
 
-def convert_linears(model: nn.Module, kind: str, int8_weights: Path | None = None) -> int:
+def convert_linears(
+    model: nn.Module, kind: str, int8_weights: Path | None = None, *, scale_cols: int = 0
+) -> int:
     """Replace every nn.Linear of `model` by its batch-invariant version; returns how many.
 
     Args:
@@ -289,6 +356,8 @@ def convert_linears(model: nn.Module, kind: str, int8_weights: Path | None = Non
         int8_weights: a safetensors file of plain int8 weights (`<name>.q`, `<name>.scale`, as
             `wmark.generator.models.gguf_int8.convert` writes them): layers found there take those,
             the others are quantised from their float weights.
+        scale_cols: int8 layers quantised here take block scales of this width (0: per channel),
+            and the block width of 2-D scales in `int8_weights`.
     """
     targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     stored: dict[str, torch.Tensor] = {}
@@ -299,9 +368,12 @@ def convert_linears(model: nn.Module, kind: str, int8_weights: Path | None = Non
         if kind == "fp32":
             replacement = RowFloatLinear(module)
         elif f"{name}.q" in stored:
-            replacement = RowInt8Linear(stored[f"{name}.q"], stored[f"{name}.scale"], module.bias)
+            scale = stored[f"{name}.scale"]
+            width = scale_cols if scale.dim() == 2 else 0
+            replacement = RowInt8Linear(stored[f"{name}.q"], scale, module.bias, width)
         else:
-            replacement = RowInt8Linear(*RowInt8Linear.quantize(module.weight), module.bias)
+            weight, scale = RowInt8Linear.quantize(module.weight, scale_cols)
+            replacement = RowInt8Linear(weight, scale, module.bias, scale_cols)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, replacement)

@@ -42,6 +42,8 @@ class RowInt4Linear(RowInt8Linear):
     @classmethod
     def from_int8(cls, layer: RowInt8Linear) -> RowInt4Linear:
         """`layer`'s weights re-quantised to 4 bits per output channel (its bias kept)."""
+        if layer.scale_cols:
+            raise ValueError("4-bit weights are made from int8 weights with a scale per channel")
         packed8, _ = layer.packed_weights()
         out, inp = layer.out_features, layer.in_features
         packed = torch.empty(packed8.numel() // 2, dtype=torch.uint8)

@@ -30,7 +30,7 @@ def _rows(layer: nn.Module, keep: torch.Tensor) -> nn.Module:
         weight, scale = layer.int8_weight()
         weight, scale = weight.index_select(0, keep), scale.index_select(0, keep)
         bias = None if layer.bias is None else layer.bias.index_select(0, keep)
-        cut = RowInt8Linear(weight, scale, bias)
+        cut = RowInt8Linear(weight, scale, bias, layer.scale_cols)
         cut.pack()
         return cut
     if isinstance(layer, RowFloatLinear | nn.Linear):

@@ -34,8 +34,9 @@ __all__ = [
     "prepare",
 ]
 
-Weights = Literal["none", "int8", "float32"]
-"""What `prepare` builds besides the tokenizer: no weights, the int8 cache, or a float32 copy."""
+Weights = Literal["none", "int8", "int8-blocks", "float32"]
+"""What `prepare` builds besides the tokenizer: no weights, the int8 cache (with a scale per
+channel, or per channel and `SCALE_COLS` columns: `--precision int8-fast`), or a float32 copy."""
 
 _CHUNK = 1 << 24
 
@@ -130,15 +131,16 @@ def prepare(
 
     Args:
         model: TARGET or DRAFTER.
-        weights: "int8" (what the CPU default loads, see `gguf_int8`), "float32" (a
-            `from_pretrained` checkpoint, for the float precisions) or "none" (the tokenizer only:
-            seconds instead of a minute). What an earlier call built is kept.
+        weights: "int8" (what the CPU default loads, see `gguf_int8`), "int8-blocks" (the same
+            with block scales, in a directory of its own), "float32" (a `from_pretrained`
+            checkpoint, for the float precisions) or "none" (the tokenizer only: seconds instead
+            of a minute). What an earlier call built is kept.
         progress: called as progress(stage, done, total) while assembling and converting.
 
     Returns:
         The cache directory.
     """
-    out = models_dir() / model.sha256
+    out = _directory(model, weights)
     has_tokenizer = (out / "tokenizer.json").is_file()
     if has_tokenizer and _has_weights(out, weights, model):
         return out
@@ -158,7 +160,8 @@ def prepare(
             if progress:
                 progress("tokenizer", 0, 1)
             AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name).save_pretrained(staging)
-        if weights == "int8":
+        if weights in ("int8", "int8-blocks"):
+            from wmark.generator.cpu.rowwise import SCALE_COLS
             from wmark.generator.models import gguf_int8
             from wmark.generator.models.smoothing import calibration_ids
 
@@ -173,6 +176,7 @@ def prepare(
                 staging,
                 (lambda d, t: progress("int8", d, t)) if progress else None,
                 calibration=calibration,
+                scale_cols=SCALE_COLS if weights == "int8-blocks" else 0,
             )
         elif weights == "float32":
             _dequantise(gguf, staging, progress)
@@ -196,8 +200,14 @@ def _dequantise(gguf: Path, staging: Path, progress: Callable[[str, int, int], N
     lm.save_pretrained(staging, safe_serialization=True)
 
 
+def _directory(model: EmbeddedModel, weights: Weights) -> Path:
+    """The cache directory of `model` with `weights`: block-scaled int8 weights have their own
+    (the same file names, other numbers)."""
+    return models_dir() / (model.sha256 + ("-blocks" if weights == "int8-blocks" else ""))
+
+
 def _has_weights(path: Path, weights: Weights, model: EmbeddedModel) -> bool:
-    if weights == "int8":  # converted, smoothed and packed as this version does (else converted again)
+    if weights in ("int8", "int8-blocks"):  # converted, smoothed and packed as this version does (else again)
         from wmark.generator.models import int8_store
         from wmark.generator.models.gguf_int8 import INT8_FILE, has_int8, smoothing_version
         from wmark.generator.models.smoothing import VERSION
@@ -217,4 +227,5 @@ def embedded_tokenizer_json() -> bytes:
 
 def remove_cache(model: EmbeddedModel) -> None:
     """Delete a model's cache (the next use rebuilds it)."""
-    shutil.rmtree(models_dir() / model.sha256, ignore_errors=True)
+    for weights in ("int8", "int8-blocks"):
+        shutil.rmtree(_directory(model, weights), ignore_errors=True)

@@ -50,10 +50,13 @@ def group_name(parent: str, names: tuple[str, ...]) -> str:
 def stack(layers: list[RowInt8Linear]) -> RowInt8Linear:
     """One layer over `layers`' output channels side by side (their biases too, zeros where a
     member has none)."""
+    widths = {layer.scale_cols for layer in layers}
+    if len(widths) != 1:
+        raise ValueError(f"layers with different scale blocks cannot be stacked: {sorted(widths)}")
     parts = [layer.int8_weight() for layer in layers]
     weight = torch.cat([w for w, _ in parts])
     scale = torch.cat([s for _, s in parts])
-    return RowInt8Linear(weight, scale, stacked_bias(layers))
+    return RowInt8Linear(weight, scale, stacked_bias(layers), widths.pop())
 
 
 def stacked_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:
@@ -124,14 +127,15 @@ def install_group(module: nn.Module, names: tuple[str, ...], sizes: list[int], l
 def fuse_projections(model: nn.Module) -> int:
     """Fuse every q/k/v and gate/up group of int8 layers in `model` (in place); returns how many.
 
-    Groups whose members are not all `RowInt8Linear` over the same input width are left alone.
+    Groups whose members are not all `RowInt8Linear` over the same input width and scale blocks
+    are left alone.
     """
     fused = 0
     for module in list(model.modules()):
         for names in GROUPS:
             layers = [getattr(module, name, None) for name in names]
             members = [layer for layer in layers if isinstance(layer, RowInt8Linear)]
-            if len(members) != len(names) or len({layer.in_features for layer in members}) != 1:
+            if len(members) != len(names) or len({(m.in_features, m.scale_cols) for m in members}) != 1:
                 continue
             install_group(module, names, [layer.out_features for layer in members], stack(members))
             fused += 1

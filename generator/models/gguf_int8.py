@@ -84,10 +84,10 @@ def smoothing_version(path: Path) -> str | None:
 
 
 def _quantize_rows(
-    data: np.ndarray, qtype: Any, name: str, smoothing: Smoothing | None, chunk: int = 4096
+    data: np.ndarray, qtype: Any, name: str, smoothing: Smoothing | None, scale_cols: int, chunk: int = 4096
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`RowInt8Linear.quantize` of linear layer `name`'s GGUF weight (smoothed first where
-    `smoothing` says), `chunk` rows at a time.
+    `smoothing` says; block scales of `scale_cols` columns, if not 0), `chunk` rows at a time.
 
     Every step is row-local, so the result equals treating the whole float32 matrix, while
     memory holds one chunk's float32 and float64 temporaries instead of the whole matrix's (the
@@ -99,7 +99,7 @@ def _quantize_rows(
         weight = torch.from_numpy(np.array(dequantize(data[i : i + chunk], qtype), dtype=np.float32))
         return weight if smoothing is None else smoothing.weight(name, weight, first_row=i)
 
-    parts = [RowInt8Linear.quantize(rows(i)) for i in range(0, len(data), chunk)]
+    parts = [RowInt8Linear.quantize(rows(i), scale_cols) for i in range(0, len(data), chunk)]
     return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
 
 
@@ -109,6 +109,7 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     *,
     calibration: Sequence[Sequence[int]] | None = None,
+    scale_cols: int = 0,
 ) -> None:
     """Write config, generation config, `int8.safetensors` and `dense.safetensors` into `out`.
 
@@ -119,6 +120,8 @@ def convert(
         calibration: token IDs of the calibration text (`smoothing.calibration_ids`): the
             weights are smoothed for int8 activations (`wmark.generator.models.smoothing`),
             measured without a float32 copy (`gguf_calibration`). None: not smoothed.
+        scale_cols: the linear layers' int8 weights take a scale per channel and block of this
+            many input columns (`RowInt8Linear.quantize`); 0: one per channel.
     """
     from gguf import GGUFReader, dequantize
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
@@ -155,7 +158,7 @@ def convert(
             encodings[name] = tensor.tensor_type.name
         elif module in linears and kind == "weight":
             int8[f"{module}.q"], int8[f"{module}.scale"] = _quantize_rows(
-                tensor.data, tensor.tensor_type, module, smoothing
+                tensor.data, tensor.tensor_type, module, smoothing, scale_cols
             )
         else:
             value = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))

@@ -2,7 +2,8 @@
 
 A model's int8 layers are stored after fusing (`wmark.generator.models.fused`), each as the kernel's
 packed weights (`<name>.packed`, uint8), its channels' weight sums (`<name>.colsum`, int32) and
-its channel scales (`<name>.scale`, float64), where `<name>` is the layer's module path or its
+its channel scales (`<name>.scale`, float64; (channels, blocks) with block scales, whose width is
+the file's `scale-cols` metadata), where `<name>` is the layer's module path or its
 fused group's name (`fused.group_name`). Biases stay with the model (its dense weights).
 
 Why this layout on disk: a load used to read the int8 weights into fresh memory, stack the
@@ -42,6 +43,8 @@ from wmark.generator.models.fused import GROUPS, group_name, install_group, stac
 __all__ = ["FORMAT", "is_packed", "is_stale", "load", "save"]
 
 _DIVISOR = ".divisor"
+_SCALE_COLS = "scale-cols"
+"""Metadata: the block width of the layers' 2-D scales (`RowInt8Linear.scale_cols`), "0" for none."""
 
 FORMAT = "wmark-int8-packed/3"
 """The `format` metadata of a packed cache (bump it when the kernel's layout changes)."""
@@ -93,15 +96,20 @@ def save(model: nn.Module, path: Path, *, divisors: Mapping[str, torch.Tensor] |
         f"{name}{_DIVISOR}": divisor.to(torch.float64).contiguous()
         for name, divisor in (divisors or {}).items()
     }
+    widths: set[int] = set()
     for name, layer in _stored_layers(model):
+        widths.add(layer.scale_cols)
         packed, colsum = layer.packed_weights()
         tensors[f"{name}.packed"], tensors[f"{name}.colsum"] = packed, colsum
         tensors[f"{name}.scale"] = layer.scale
+    if len(widths) > 1:
+        raise ValueError(f"one cache holds one scale block width, not {sorted(widths)}")
+    width = widths.pop() if widths else 0
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        safetensors.torch.save_file(tensors, partial, metadata={"format": FORMAT})
+        safetensors.torch.save_file(tensors, partial, metadata={"format": FORMAT, _SCALE_COLS: str(width)})
         os.replace(partial, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -126,6 +134,7 @@ def load(model: nn.Module, path: Path) -> None:
     """
     with safe_open(str(path), framework="pt") as f:
         stored = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - not a mapping
+        width = int((f.metadata() or {}).get(_SCALE_COLS, "0"))
     _map_in(stored.values())
     params = dict(model.named_parameters())
     for key in [k for k in stored if k.endswith(_DIVISOR)]:
@@ -146,6 +155,7 @@ def load(model: nn.Module, path: Path) -> None:
                 shape,
                 stored[f"{name}.scale"],
                 stacked_bias(list(members)),
+                width,
             )
         except (KeyError, ValueError) as exc:
             raise BackendError(

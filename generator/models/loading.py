@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from wmark.errors import BackendError, InputError
+from wmark.generator.cpu.rowwise import SCALE_COLS
 from wmark.generator.cpu.threads import ThreadPlan, apply_threads, plan_threads
 from wmark.generator.models import gguf_int8, int8_store
 from wmark.generator.models.embedded import DRAFTER, TARGET, Weights, models_dir, prepare
@@ -39,14 +40,17 @@ __all__ = ["ModelPair", "load_pair", "resolve_source", "static_plan"]
 Progress = Callable[[str], None]
 
 
-def resolve_source(source: str, role: str, precision: str = "fp32") -> Path | str:
+def resolve_source(source: str, role: str, precision: str = "fp32", *, scale_cols: int = 0) -> Path | str:
     """'embedded' -> the cached embedded model directory; anything else is passed to transformers.
 
-    The embedded directory holds what `precision` loads: the int8 cache for "int8", else a
-    float32 checkpoint for `from_pretrained` (built on first use; the int8 path never needs it).
+    The embedded directory holds what `precision` loads: the int8 cache for "int8" (with block
+    scales where `scale_cols` asks: `prepare`'s "int8-blocks"), else a float32 checkpoint for
+    `from_pretrained` (built on first use; the int8 path never needs it).
     """
     if source == "embedded":
-        weights: Weights = "int8" if precision == "int8" else "float32"
+        weights: Weights = "float32"
+        if precision == "int8":
+            weights = "int8-blocks" if scale_cols else "int8"
         return prepare(TARGET if role == "target" else DRAFTER, weights=weights)
     return source
 
@@ -67,31 +71,50 @@ def _load_tokenizer(source: Path | str) -> tuple[PreTrainedTokenizerBase, bytes]
 
 
 def _load_model(
-    source: Path | str, precision: str, device: str, *, target: bool = True, activations: str = "two"
+    source: Path | str,
+    precision: str,
+    device: str,
+    *,
+    target: bool = True,
+    activations: str = "two",
+    scale_cols: int = 0,
 ) -> PreTrainedModel:
     """`source` loaded and prepared for `precision`. `target`: int8 as a target's, whose
-    distribution is the text's: int8 weights quantised here from float ones are smoothed first,
-    and every layer's rows are quantised as `activations` says (`prepare_model`'s: "two" parts,
-    or "outliers"). A drafter's are neither: it only proposes, in one part, and smoothing cost
-    its 4-bit weights accepted drafts (`EmbeddedModel.smoothed`)."""
+    distribution is the text's: int8 weights quantised here from float ones are smoothed first
+    (with block scales of `scale_cols` columns, if given), and every layer's rows are quantised as
+    `activations` says (`prepare_model`'s: "two" parts, or "outliers"). A drafter's are none of
+    these: it only proposes, in one part, and smoothing cost its 4-bit weights accepted drafts
+    (`EmbeddedModel.smoothed`)."""
     rows = activations if target else "one"
+    cols = scale_cols if target else 0
     hf_logging.disable_progress_bar()  # the CLI shows its own progress
     if precision == "int8" and isinstance(source, Path) and gguf_int8.has_int8(source):
         model = gguf_int8.load(source)  # converted straight from GGUF: no float32 weights anywhere
         model = prepare_model(
-            model, precision, device, int8_cache=source / gguf_int8.INT8_FILE, activations=rows
+            model,
+            precision,
+            device,
+            int8_cache=source / gguf_int8.INT8_FILE,
+            activations=rows,
+            scale_cols=cols,
         )
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
         except (OSError, ValueError) as exc:
             raise BackendError(f"cannot load a model from {source}: {exc}") from exc
-        cache = _int8_cache(source, target) if precision == "int8" else None
+        cache = _int8_cache(source, target, cols) if precision == "int8" else None
         calibration = None
         if target and precision == "int8" and (cache is None or not int8_store.is_packed(cache)):
             calibration = calibration_ids(_load_tokenizer(source)[0])  # quantised now: smoothed first
         model = prepare_model(
-            model, precision, device, int8_cache=cache, calibration=calibration, activations=rows
+            model,
+            precision,
+            device,
+            int8_cache=cache,
+            calibration=calibration,
+            activations=rows,
+            scale_cols=cols,
         )
     _return_freed_memory()
     return model
@@ -108,13 +131,16 @@ def _return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _int8_cache(source: Path | str, smooth: bool) -> Path | None:
-    """Where a local model's int8 weights are kept: named by its path and its weight files' stamps."""
+def _int8_cache(source: Path | str, smooth: bool, scale_cols: int = 0) -> Path | None:
+    """Where a local model's int8 weights are kept: named by its path, its weight files' stamps,
+    its smoothing and its scale blocks."""
     path = Path(source)
     if not path.is_dir():
         return None  # a hub id: nothing stable to key the cache by
     stamp = hashlib.sha256(str(path.resolve()).encode())
     stamp.update((SMOOTHING if smooth else "none").encode())  # smoothed another way: another cache
+    if scale_cols:
+        stamp.update(f"scale-cols:{scale_cols}".encode())  # ... or with other scales
     stamp.update(int8_store.FORMAT.encode())  # ... and packed another way
     for weights in sorted(path.glob("*.safetensors")):
         stat = weights.stat()
@@ -200,7 +226,8 @@ def load_pair(
         drafter: the same, or None when the method needs no drafter.
         device: "cpu" or "cuda".
         precision: one of `PRECISIONS`; "auto" is int8 on CPU, bf16 on CUDA; "int8-fast" loads
-            the int8 weights and runs the target's rows as "outliers" (`RowInt8Linear.activations`).
+            the target's int8 weights with a scale per `SCALE_COLS` input columns and runs its
+            rows as "outliers" (`RowInt8Linear.activations`); the drafter is int8's.
         threads: CPU threads for torch and the int8 GEMM; None: `$WMARK_THREADS`, else planned
             from the cores free right now (`wmark.generator.cpu.threads.plan_threads`).
         progress: called with a short description of each loading stage.
@@ -216,11 +243,11 @@ def load_pair(
         raise InputError(f"device must be cpu or cuda, got {device!r}")
     if precision == "auto":
         precision = "int8" if device == "cpu" else "bf16"
-    target_rows = "two"
+    target_rows, target_cols = "two", 0
     if precision == "int8-fast":
         if device != "cpu":
             raise BackendError(f"precision int8-fast is CPU-only; use bf16, fp16 or fp32 on {device}")
-        precision, target_rows = "int8", "outliers"  # the same weights and caches as int8
+        precision, target_rows, target_cols = "int8", "outliers", SCALE_COLS  # a cache of its own
     say = progress or (lambda _msg: None)
     try:
         plan = plan_threads(threads)
@@ -233,10 +260,10 @@ def load_pair(
         + (f" ({plan.gemm_threads} for the int8 GEMM: a core is busy)" if busy else "")
     )
     say(f"preparing target {target}")
-    target_src = resolve_source(target, "target", precision)
+    target_src = resolve_source(target, "target", precision, scale_cols=target_cols)
     chat, tokenizer_json = _load_tokenizer(target_src)
     say("loading target weights")
-    target_model = _load_model(target_src, precision, device, activations=target_rows)
+    target_model = _load_model(target_src, precision, device, activations=target_rows, scale_cols=target_cols)
     draft_model = None
     if drafter is not None:
         say(f"preparing drafter {drafter}")

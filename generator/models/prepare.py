@@ -1,8 +1,9 @@
 """A loaded transformers model made ready for a precision and a device.
 
 Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.cpu.rowwise`),
-"int8-fast" (the same weights, the target's rows as one int8 part plus their 16 largest
-channels in float32: `load_pair` maps it to "int8" with `activations="outliers"`), "exact-fp32"
+"int8-fast" (the target's weights with a scale per 128 input columns, its rows as one int8 part
+plus their 16 largest channels in float32: `load_pair` maps it to "int8" with
+`activations="outliers"` and `scale_cols=SCALE_COLS`), "exact-fp32"
 (batch-invariant float32, slow: for small test models), "fp32", "bf16", "fp16" (stock kernels;
 GPU default bf16; near-ties may flip between block shapes, ~1e-7 noise).
 """
@@ -35,6 +36,7 @@ def prepare_model(
     int8_cache: Path | None = None,
     calibration: Sequence[Sequence[int]] | None = None,
     activations: str = "one",
+    scale_cols: int = 0,
 ) -> PreTrainedModel:
     """Cast/convert a loaded model for `precision` on `device` and put it in eval mode.
 
@@ -53,6 +55,10 @@ def prepare_model(
     a target's "two" parts (the row, then what its int8 value left: ~16 bits) or "outliers"
     (one part plus each row's 16 largest channels in float32); a draft model, which only
     proposes, runs "one" part, faster.
+
+    `scale_cols`: int8 weights quantised here take a scale per channel and block of this many
+    input columns (`RowInt8Linear.quantize`; 0: per channel). `int8_cache` must be a cache of
+    that kind: the caller keys it by the width.
     """
     if precision not in ("int8", "exact-fp32", "fp32", "bf16", "fp16"):
         raise ValueError(f"prepare_model takes int8, exact-fp32, fp32, bf16 or fp16, not {precision!r}")
@@ -68,7 +74,9 @@ def prepare_model(
             if precision == "int8" and calibration is not None and from_float:
                 smoothing = smooth_model(model, calibration)
                 divisors = None if smoothing is None else smoothing.dense
-            convert_linears(model, "int8" if precision == "int8" else "fp32", int8_cache)
+            convert_linears(
+                model, "int8" if precision == "int8" else "fp32", int8_cache, scale_cols=scale_cols
+            )
         if precision == "int8":
             fuse_projections(model)  # q/k/v and gate/up as one GEMM each: same numbers, less overhead
             layers = int8_layers(model)

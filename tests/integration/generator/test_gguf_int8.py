@@ -11,11 +11,13 @@ import pytest
 import safetensors.torch
 import torch
 from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_map, quantize
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from wmark import BackendError
 from wmark.generator.models import gguf_int8, int8_store, smoothing
-from wmark.generator.models.embedded import EmbeddedModel, prepare
+from wmark.generator.models.embedded import EmbeddedModel, prepare, remove_cache
+from wmark.generator.models.fused import int8_layers
 from wmark.generator.models.hf_session import HFModel
 from wmark.generator.models.loading import _load_model
 from wmark.generator.models.prepare import prepare_model
@@ -146,16 +148,18 @@ def test_a_corrupt_gguf_is_refused_before_conversion(embedded_tiny):
         prepare(corrupt)
 
 
-def test_quantising_in_row_chunks_equals_quantising_the_whole_matrix(gguf_file):
+@pytest.mark.parametrize("scale_cols", [0, 8])  # a scale per channel, or per channel and 8 columns
+def test_quantising_in_row_chunks_equals_quantising_the_whole_matrix(gguf_file, scale_cols):
     from gguf import GGUFReader, dequantize
 
     from wmark.generator.cpu.rowwise import RowInt8Linear
 
     tensor = next(t for t in GGUFReader(gguf_file).tensors if t.name == "blk.0.ffn_down.weight")
-    whole = RowInt8Linear.quantize(torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type))))
+    dense = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type)))
+    whole = RowInt8Linear.quantize(dense, scale_cols)
     for chunk in (7, 64, 10_000):  # uneven, exact, larger than the matrix
         q, scale = gguf_int8._quantize_rows(
-            tensor.data, tensor.tensor_type, "blk.0.ffn_down", None, chunk=chunk
+            tensor.data, tensor.tensor_type, "blk.0.ffn_down", None, scale_cols, chunk=chunk
         )
         assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
 
@@ -211,3 +215,36 @@ def test_only_a_model_marked_smoothed_is_smoothed_and_a_change_rebuilds(embedded
     smoothed = EmbeddedModel(**{**embedded_tiny.__dict__, "smoothed": True})
     path = prepare(smoothed)  # the same file, now to be smoothed: converted again
     assert path == plain and gguf_int8.smoothing_version(path) == smoothing.VERSION
+
+
+def test_block_scaled_routes_agree_and_differ_from_per_channel(gguf_file, tmp_path):
+    """With block scales (`--precision int8-fast`'s weights; 8 columns here, for several blocks
+    in this tiny model) the direct conversion and the float32 route give the same layers, and
+    these are not the per-channel ones."""
+    calibration = [[5, 17, 42, 99, 3], [250, 7, 11, 12, 13, 14, 15]]
+    out = tmp_path / "blocks"
+    out.mkdir()
+    gguf_int8.convert(gguf_file, out, calibration=calibration, scale_cols=8)
+    cache = out / gguf_int8.INT8_FILE
+    lean = prepare_model(gguf_int8.load(out), "int8", "cpu", int8_cache=cache, scale_cols=8)
+    layers = int8_layers(lean)
+    assert {layer.scale_cols for layer in layers} == {8} and min(layer.blocks for layer in layers) > 1
+    reference = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    float_route = prepare_model(reference, "int8", "cpu", calibration=calibration, scale_cols=8)
+    assert torch.equal(_logits(lean), _logits(float_route))
+    again = prepare_model(gguf_int8.load(out), "int8", "cpu", int8_cache=cache, scale_cols=8)  # packed now
+    assert int8_store.is_packed(cache) and torch.equal(_logits(again), _logits(lean))
+    per_channel = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    per_channel = prepare_model(per_channel, "int8", "cpu", calibration=calibration)
+    assert not torch.equal(_logits(lean), _logits(per_channel))
+
+
+def test_block_scaled_int8_has_a_directory_of_its_own(embedded_tiny):
+    plain = prepare(embedded_tiny)
+    blocks = prepare(embedded_tiny, weights="int8-blocks")
+    assert blocks != plain and blocks.parent == plain.parent and gguf_int8.has_int8(blocks)
+    with safe_open(str(blocks / gguf_int8.INT8_FILE), framework="pt") as f:
+        assert all(f.get_slice(name).get_shape()[1:] == [1] for name in f.keys() if name.endswith(".scale"))  # noqa: SIM118
+    assert prepare(embedded_tiny, weights="int8-blocks") == blocks  # cached: nothing rebuilt
+    remove_cache(embedded_tiny)
+    assert not plain.exists() and not blocks.exists()

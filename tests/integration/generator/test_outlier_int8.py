@@ -13,7 +13,7 @@ import torch
 from wmark import KeyMaterial, Secret, TokenizerRef, WatermarkSpec
 from wmark.errors import BackendError
 from wmark.generator.cpu import _int8_gemm
-from wmark.generator.cpu.rowwise import ACTIVATIONS, RowInt8Linear, gemm_threads_for
+from wmark.generator.cpu.rowwise import ACTIVATIONS, SCALE_COLS, RowInt8Linear, gemm_threads_for
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.models.fused import int8_layers
 from wmark.generator.models.loading import load_pair
@@ -130,7 +130,7 @@ def test_bad_modes_are_refused():
         _int8_gemm.linear4(x, packed, colsum, scale, None, out, 1, 70, 200, 1, 0, None, 0.0, outliers)
 
 
-def test_int8_fast_runs_the_target_with_outliers_on_the_int8_weights(word_model_dir, tmp_path, monkeypatch):
+def test_int8_fast_runs_the_target_with_outliers_on_block_weights(word_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WMARK_MODEL_CACHE", str(tmp_path / "cache"))
     source = str(word_model_dir(tmp_path / "model", 0))
     fast = load_pair(source, source, precision="int8-fast", threads=1)
@@ -140,8 +140,13 @@ def test_int8_fast_runs_the_target_with_outliers_on_the_int8_weights(word_model_
     assert {layer.activations for layer in fast_layers} == {"outliers"}
     assert {layer.activations for layer in int8_layers(fast.drafter.model)} == {"one"}  # it only proposes
     assert {layer.activations for layer in plain_layers} == {"two"}
-    for a, b in zip(fast_layers, plain_layers, strict=True):  # the same weights: only the rows differ
-        assert torch.equal(a.int8_weight()[0], b.int8_weight()[0])
+    assert {layer.scale_cols for layer in fast_layers} == {SCALE_COLS}  # the target's weights: block scales
+    assert {layer.scale_cols for layer in int8_layers(fast.drafter.model)} == {0}
+    assert {layer.scale_cols for layer in plain_layers} == {0}
+    for a, b in zip(fast_layers, plain_layers, strict=True):  # the same float weights behind both:
+        # each within half its step of them, a block's step at most its channel's: apart <= a step
+        step = float(b.scale.max()) * (1 + 1e-9)
+        assert torch.allclose(a.dequantised(), b.dequantised(), rtol=0, atol=step)
     # batch invariance holds for the target's rows: speculative decoding emits basic-uwm's tokens
     prompt = fast.encode_prompt("w3 w4 w5 w6 w3 w4", chat=False)
     ref = TokenizerRef(name="words", sha256=fast.tokenizer_sha256, vocab_size=fast.target.vocab_size)
