@@ -7,12 +7,13 @@ row is scored against it on the same texts, every position's next-token distribu
 decoding session (the forward generation runs: the text after its first token, or after the
 prompt, is one chain of draft nodes):
 
-- `int8` (the default): smoothed int8 weights (`wmark.generator.models.smoothing`) x int8
-  activations in two parts, the row and what its int8 value left (`RowInt8Linear.activations` "two"),
-  loaded as `wmark generate` loads it;
-- `int8-fast` (`--precision int8-fast`): the same smoothing, the weights with a scale per
-  channel and 128 input columns (`RowInt8Linear.scale_cols`), each activation row one int8 part
-  plus its 16 largest channels in float32 (`RowInt8Linear.activations` "outliers");
+- `int8 (default)` (the CPU default with AMX): smoothed int8 weights
+  (`wmark.generator.models.smoothing`) x int8 activations in two parts, the row and what its int8
+  value left (`RowInt8Linear.activations` "two"), loaded as `wmark generate` loads it;
+- `int8-fast` (`--precision int8-fast`, the CPU default without AMX): the same smoothing, the
+  weights with a scale per channel and 128 input columns (`RowInt8Linear.scale_cols`), each
+  activation row one int8 part plus its 16 largest channels in float32
+  (`RowInt8Linear.activations` "outliers");
 - `outliers, per-channel weights`: int8-fast's rows on the default's weights (int8-fast until
   2026-12-07);
 - `two parts, block weights`: the default's rows on int8-fast's weights;

@@ -28,9 +28,10 @@ METHOD_NAMES: tuple[str, ...] = (
 AUTO, NGRAM, EMBEDDED = "auto", "ngram", "embedded"  # `--drafter` choices besides a model dir / id
 DRAFTER_HELP = "ngram (prompt lookup), embedded (the 0.5B model), auto (both), or a local model dir / HF id."
 PRECISION_HELP = (
-    "auto (int8 on CPU, bf16 on CUDA), int8, int8-fast (CPU: the same weights, each activation row "
-    "one int8 part plus its 16 largest channels in float: faster prompts and verification, a "
-    "little further from float), exact-fp32, fp32, bf16, fp16."
+    "auto (CPU: int8 with AMX, else int8-fast; CUDA: bf16), int8 (smoothed int8 weights, each "
+    "activation row in two int8 parts), int8-fast (CPU: int8 weights with a scale per 128 columns, "
+    "each activation row one int8 part plus its 16 largest channels in float: faster prompts and "
+    "verification where the CPU has no AMX), exact-fp32, fp32, bf16, fp16."
 )
 # The default dynamic lookahead (`SamplerConfig`, hence `wmark generate`, `wmark demo` and the
 # service): a branch ends at a draft its drafter gave less than 0.8, up to L = 6. On CPU a drafter

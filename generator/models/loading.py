@@ -29,7 +29,7 @@ from wmark.generator.cpu.threads import ThreadPlan, apply_threads, plan_threads
 from wmark.generator.models import gguf_int8, int8_store
 from wmark.generator.models.embedded import DRAFTER, TARGET, Weights, models_dir, prepare
 from wmark.generator.models.hf_session import HFModel
-from wmark.generator.models.prepare import PRECISIONS, prepare_model
+from wmark.generator.models.prepare import PRECISIONS, cpu_precision, prepare_model
 from wmark.generator.models.prompt_encoder import PromptEncoder
 from wmark.generator.models.smoothing import VERSION as SMOOTHING
 from wmark.generator.models.smoothing import calibration_ids
@@ -225,7 +225,7 @@ def load_pair(
         target: "embedded", a local model directory, or an HF model ID in the local cache.
         drafter: the same, or None when the method needs no drafter.
         device: "cpu" or "cuda".
-        precision: one of `PRECISIONS`; "auto" is int8 on CPU, bf16 on CUDA; "int8-fast" loads
+        precision: one of `PRECISIONS`; "auto" is `cpu_precision()` on CPU, bf16 on CUDA; "int8-fast" loads
             the target's int8 weights with a scale per `SCALE_COLS` input columns and runs its
             rows as "outliers" (`RowInt8Linear.activations`); the drafter is int8's.
         threads: CPU threads for torch and the int8 GEMM; None: `$WMARK_THREADS`, else planned
@@ -242,7 +242,7 @@ def load_pair(
     if device not in ("cpu", "cuda"):
         raise InputError(f"device must be cpu or cuda, got {device!r}")
     if precision == "auto":
-        precision = "int8" if device == "cpu" else "bf16"
+        precision = cpu_precision() if device == "cpu" else "bf16"
     target_rows, target_cols = "two", 0
     if precision == "int8-fast":
         if device != "cpu":

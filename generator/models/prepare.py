@@ -1,7 +1,8 @@
 """A loaded transformers model made ready for a precision and a device.
 
-Precisions: "int8" (CPU default: batch-invariant W8A8, see `wmark.generator.cpu.rowwise`),
-"int8-fast" (the target's weights with a scale per 128 input columns, its rows as one int8 part
+Precisions: "int8" (batch-invariant W8A8, see `wmark.generator.cpu.rowwise`; the CPU default
+with AMX), "int8-fast" (the default on other CPUs: `cpu_precision`; the target's weights with a
+scale per 128 input columns, its rows as one int8 part
 plus their 16 largest channels in float32: `load_pair` maps it to "int8" with
 `activations="outliers"` and `scale_cols=SCALE_COLS`), "exact-fp32"
 (batch-invariant float32, slow: for small test models), "fp32", "bf16", "fp16" (stock kernels;
@@ -17,15 +18,30 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from wmark.errors import BackendError
+from wmark.generator.cpu import _int8_gemm
 from wmark.generator.cpu.attention import ATTENTION_NAME, rowwise_attention
 from wmark.generator.cpu.rowwise import convert_linears, pack_int8
 from wmark.generator.models import int8_store
 from wmark.generator.models.fused import fuse_projections, int8_layers
 from wmark.generator.models.smoothing import smooth_model
 
-__all__ = ["PRECISIONS", "prepare_model"]
+__all__ = ["PRECISIONS", "cpu_precision", "prepare_model"]
 
 PRECISIONS = ("auto", "int8", "int8-fast", "exact-fp32", "fp32", "bf16", "fp16")
+
+
+def cpu_precision() -> str:
+    """The CPU's "auto" precision: "int8" where the int8 GEMM runs AMX tiles, "int8-fast" elsewhere.
+
+    Both are within the quality bars of BENCHMARKS.md ("Quality"). Two activation parts double a
+    forward's int8 arithmetic: the tile unit takes that at about the cost of streaming the
+    weights, VNNI and AVX2 pay for it in every prompt and wide verify, where int8-fast's one part
+    plus 16 float channels on block-scaled weights is both faster and nearer the float model
+    (perplexity ratio 1.0008 against 1.0025). The tile unit cannot take block scales, so AMX
+    CPUs keep int8. The two give different (each exact) distributions: text is reproducible
+    across machines under one explicit precision, not under "auto".
+    """
+    return "int8" if _int8_gemm.backends()[0] == "amx" else "int8-fast"
 
 
 def prepare_model(

@@ -1,7 +1,8 @@
 """Outlier activations (`RowInt8Linear.activations` "outliers"): each row's 16 largest channels
 by magnitude multiplied in float32, the rest as one int8 part. Its contract bit for bit (which
 channels, in which order, the float part's operations), the same bits in every build and at
-any thread count, the loss it removes on heavy-tailed rows, and `--precision int8-fast`. Batch
+any thread count, the loss it removes on heavy-tailed rows, `--precision int8-fast` and where
+"auto" picks it. Batch
 invariance with every prologue is tested with two parts' in test_residual_int8.py."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from wmark.errors import BackendError
 from wmark.generator.cpu import _int8_gemm
 from wmark.generator.cpu.rowwise import ACTIVATIONS, SCALE_COLS, RowInt8Linear, gemm_threads_for
 from wmark.generator.engine import SamplerConfig, generate
+from wmark.generator.models import prepare
 from wmark.generator.models.fused import int8_layers
 from wmark.generator.models.loading import load_pair
 
@@ -169,3 +171,16 @@ def test_int8_fast_is_refused_off_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(BackendError, match="int8-fast is CPU-only"):
         load_pair("embedded", None, device="cuda", precision="int8-fast")
+
+
+@pytest.mark.parametrize(("builds", "expected"), [(["amx", "avx512vnni"], "int8"), (["avx2"], "int8-fast")])
+def test_auto_is_int8_with_amx_tiles_and_int8_fast_elsewhere(
+    builds, expected, word_model_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("WMARK_MODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(prepare._int8_gemm, "backends", lambda: builds)
+    assert prepare.cpu_precision() == expected
+    source = str(word_model_dir(tmp_path / "model", 0))
+    pair = load_pair(source, None, precision="auto", threads=1)
+    rows = {"int8": "two", "int8-fast": "outliers"}[expected]
+    assert {layer.activations for layer in int8_layers(pair.target.model)} == {rows}
