@@ -129,10 +129,10 @@ enum activations { ACT_ONE = 0, ACT_TWO = 1, ACT_OUTLIERS = 2 };
  * 128 x (weight sum) off each block's sums without a table of them as large as the scales, so
  * there the weights are the unsigned operand instead (w + 128, a flip of their top bit), the
  * rows' int8 values the signed one, and each block's sum less 128 x (the row's sum over the
- * block: job.qsum, from the rows phase). 8-bit weights only;
- * never on the tile unit (the sums would have to leave the tiles every two products). Why: the
- * weights' own rounding is most of what the int8 path loses against float32 once the activations
- * are near-exact (BENCHMARKS.md, "Quality"). */
+ * block: job.qsum, from the rows phase). 8-bit weights only; never on the tile unit (the sums
+ * would have to leave the tiles every two products). Why: the weights' own rounding is most of
+ * what the int8 path loses against float32 once the activations are near-exact (BENCHMARKS.md,
+ * "Quality"). */
 
 /* AMX_TILES is not a build of its own: the job of an "amx" call that runs on the tile unit. */
 enum backend { PORTABLE = 0, AVX2 = 1, AVX512VNNI = 2, AMX = 3, AMX_TILES = 4 };
@@ -217,6 +217,11 @@ static inline float finish(float f, float rowscale, const float *bias, Py_ssize_
  * (blocks, n) they cost a one-row forward ~10 %: a jump per block); one block is the plain (n). */
 static inline const float *scales_at(const job_t *job, Py_ssize_t t, Py_ssize_t b) {
     return job->scale + (job->blocks == 1 ? t * TILE : (t * job->blocks + b) * TILE);
+}
+
+/* The end (exclusive) of scale block b's groups of 4 columns; it starts at b * span. */
+static inline Py_ssize_t block_end(const job_t *job, Py_ssize_t b) {
+    return (b + 1) * job->span < job->groups ? (b + 1) * job->span : job->groups;
 }
 
 /* The scale block an input column belongs to (an outlier channel's float part is scaled by it). */

@@ -57,7 +57,7 @@ __attribute__((target("avx2"), always_inline)) static inline void half_avx2(cons
             c31 = c00;
     float f[ROWS_256][16]; /* the scaled sums of the blocks so far */
     for (Py_ssize_t b = 0; b < job->blocks; b++) {
-        const Py_ssize_t last = (b + 1) * job->span < job->groups ? (b + 1) * job->span : job->groups;
+        const Py_ssize_t last = block_end(job, b);
         for (Py_ssize_t g = b * job->span; g < last; g++) {
             const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
             const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP + 32));

@@ -232,11 +232,11 @@ static PyObject *linear_call(PyObject *args, int nibbles) {
         int32_t *side_idx = outliers ? malloc((size_t)(m * side) * sizeof(int32_t)) : NULL;
         float *side_val = outliers ? malloc((size_t)(m * side) * sizeof(float)) : NULL;
         /* block scales on VNNI: each quantised row's sum per block (see _int8_gemm.h) */
-        const int sums = blocks > 1 && backend == AVX512VNNI;
-        int32_t *qsum = sums ? malloc((size_t)(qm * blocks) * sizeof(int32_t)) : NULL;
+        const int need_qsum = blocks > 1 && backend == AVX512VNNI;
+        int32_t *qsum = need_qsum ? malloc((size_t)(qm * blocks) * sizeof(int32_t)) : NULL;
         if (q == NULL || rowscale == NULL || (backend != PORTABLE && !tiles && aux == NULL) ||
             (prologue != PLAIN && h == NULL) || ((residual || outliers) && res == NULL) ||
-            (outliers && (side_idx == NULL || side_val == NULL)) || (sums && qsum == NULL)) {
+            (outliers && (side_idx == NULL || side_val == NULL)) || (need_qsum && qsum == NULL)) {
             free(qsum);
             free(q);
             free(aux);

@@ -41,7 +41,7 @@ static void tile_portable(const job_t *job, Py_ssize_t t) {
         float f[TILE] = {0};
         for (Py_ssize_t b = 0; b < job->blocks; b++) {
             int32_t sums[TILE] = {0};
-            const Py_ssize_t last = (b + 1) * job->span < job->groups ? (b + 1) * job->span : job->groups;
+            const Py_ssize_t last = block_end(job, b);
             for (Py_ssize_t g = b * job->span; g < last; g++) {
                 const int8_t *wg = (const int8_t *)(w + g * GROUP);
                 const int8_t *ag = a + 4 * g;

@@ -261,9 +261,7 @@ __attribute__((target("avx2"))) static void swiglu_rows_avx2(const float *x, Py_
 }
 #endif
 
-/* Rows first .. last of a call's rows phase: the prologue into h, then quantisation. Rows are
- * independent, so any split over threads gives the same bytes. */
-/* Input rows first .. last - 1 through the prologue, then quantised (see rows_job_t). */
+/* Input rows first .. last - 1 through the prologue (into h), then quantised (see rows_job_t). */
 static void quantise_phase(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
     const Py_ssize_t count = last - first, k = rows->k;
     const float *src = rows->x + first * k;
@@ -340,6 +338,9 @@ static void block_sums(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last
     }
 }
 
+/* Rows first .. last - 1 of a call's rows phase: the prologue, quantisation and (block scales on
+ * VNNI) the quantised rows' block sums. Rows are independent, so any split over threads gives the
+ * same bytes. */
 void wmark_run_rows(const rows_job_t *rows, Py_ssize_t first, Py_ssize_t last) {
     quantise_phase(rows, first, last);
     if (rows->qsum == NULL) return;

@@ -75,7 +75,7 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void block_vnn
     const __m512i off0 = blocked ? c00 : _mm512_slli_epi32(_mm512_loadu_si512((const void *)(job->colsum + c0)), 7);
     const __m512i off1 = blocked ? c00 : _mm512_slli_epi32(_mm512_loadu_si512((const void *)(job->colsum + c0 + 16)), 7);
     for (Py_ssize_t b = 0; b < job->blocks; b++) {
-        const Py_ssize_t last = (b + 1) * job->span < job->groups ? (b + 1) * job->span : job->groups;
+        const Py_ssize_t last = block_end(job, b);
         for (Py_ssize_t g = b * job->span; g < last; g++) {
             __m512i w0, w1;
             if (nibbles) { /* the same bytes ahead as below: twice the groups */
@@ -197,6 +197,8 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void side_rows
     __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00; /* row, half */
     /* each row's channels ascend: a block's sum is added out before the row's next block starts */
     Py_ssize_t b0 = block_of(job, i0[0]), b1 = rows == 2 ? block_of(job, i1[0]) : 0;
+    /* the two rows' steps are written out side by side, not as one helper called twice: through
+     * a helper (its sums behind pointers) a 9-row call measured 3-5 % slower in alternating runs */
     for (int d = 0; d < job->side; d++) {
         if (block_of(job, i0[d]) != b0) {
             side_flush(job, t, r, b0, a00, a01);

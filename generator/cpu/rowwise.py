@@ -179,7 +179,7 @@ class RowInt8Linear(nn.Module):
         """A layer over weights already in the kernel's layout (`packed_weights` of another)."""
         out, inp = shape
         shaped = torch.empty(1, dtype=torch.int8).expand(out, inp)  # the shape, no memory
-        layer = cls(shaped, scale, bias, 0 if scale.dim() == 1 else scale_cols)
+        layer = cls(shaped, scale, bias, scale_cols)
         if packed.numel() != cls._packed_bytes(out, inp) or colsum.numel() != -(-out // 32) * 32:
             raise ValueError(f"packed weights do not fit a {out} x {inp} layer")
         layer._weight = None
