@@ -48,6 +48,7 @@ from wmark.generator.drafters.build import build_drafter, drafter_model_source  
 from wmark.generator.engine import generate  # noqa: E402
 from wmark.generator.models.embedded import embedded_tokenizer_json  # noqa: E402
 from wmark.generator.models.loading import load_pair  # noqa: E402
+from wmark.generator.models.prepare import cpu_precision  # noqa: E402
 
 ForwardLog = list[tuple[str, int]]  # (model role, rows M) of every forward that made logits
 
@@ -138,7 +139,8 @@ def save_counts(path: Path, tallies: dict[tuple[str, str], Tally], args: argpars
     machine prices these counts with its own cost table (`bench/gpu_check.py --counts`)."""
     counts = {
         "made_by": f"bench/draft_rules.py --prompt-sets {args.prompt_sets} --settings {args.settings!r} "
-        f"--tokens {args.tokens}" + (f" --limit {args.limit}" if args.limit else ""),
+        f"--tokens {args.tokens} --precision {args.precision}"
+        + (f" --limit {args.limit}" if args.limit else ""),
         "date": time.strftime("%Y-%m-%d"),
         "sets": {},
     }
@@ -159,6 +161,12 @@ def main() -> None:
     parser.add_argument("--settings", default="default")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        help="the target's precision (default: what `wmark generate` takes on this CPU; until "
+        "2026-12-07 int8 everywhere): the texts, hence the counts, follow it",
+    )
     parser.add_argument("--rounds", type=int, default=7, help="timed forwards per cost-table entry")
     parser.add_argument(
         "--save-counts",
@@ -176,7 +184,9 @@ def main() -> None:
     if any(s.drafter is not None and s.drafter.endswith("@8") for s in settings.values()):
         parser.error("8-bit drafter rows are generate_speed.py's; this script prices one drafter build")
 
-    pair = load_pair("embedded", "embedded", precision="int8", threads=args.threads)
+    if args.precision == "auto":
+        args.precision = cpu_precision()
+    pair = load_pair("embedded", "embedded", precision=args.precision, threads=args.threads)
     assert pair.drafter is not None
     log: ForwardLog = []
     target = CountingModel(pair.target, "target", log)
@@ -238,7 +248,7 @@ def main() -> None:
         save_counts(args.save_counts, tallies, args)
 
     print()
-    print(describe())
+    print(f"{describe()}, precision {args.precision}")
     print(
         "| set | setting | AATPS | drafter forwards / block | target rows / verify | predicted decode s | "
         "predicted decode vs basic-uwm | measured decode s (vs basic-uwm) | same tokens as basic-uwm |"

@@ -2,17 +2,18 @@
 
     WMARK_MODEL_CACHE=... .venv/bin/python bench/generate_speed.py [--tokens 128] [--threads 2]
 
-Rows: basic-uwm, pfr L=4, pfr-nowm L=4, mpfr B=2/4/8 L=4 (our sampling loop, CPU precision int8:
-batch-invariant W8A8), and plain transformers `generate()` sampling (float32, stock kernels) as
-the outside reference. For each: tokens/s (end to end, and for decoding alone: the prompt's
-prefill is the same target forward for every method, plus the draft model's own, and drafting
-cannot speed it up), AATPS (mean ± sd over prompts), target forwards, and where the time went
-(prefill / draft / verify / bookkeeping). Methods alternate prompt by prompt so that
-drift of this shared machine hits all of them alike. The same key and seed are used throughout,
-so the table also reports whether pfr/mpfr emitted exactly basic-uwm's tokens (drafter
-invariance on the real models). `--kernels amx,avx512vnni` runs every row on each int8 GEMM
-build in turn, prompt by prompt (one table per set and build). `bench/draft_rules.py` compares
-drafting settings by their counts instead, free of the drift.
+Rows: basic-uwm, pfr L=4, pfr-nowm L=4, mpfr B=2/4/8 L=4 (our sampling loop, at the precision a
+user of this CPU gets: `--precision auto`, int8 with AMX tiles, int8-fast without), and plain
+transformers `generate()` sampling (float32, stock kernels) as the outside reference. For each:
+tokens/s (end to end, and for decoding alone: the prompt's prefill is the same target forward
+for every method, plus the draft model's own, and drafting cannot speed it up), AATPS (mean ± sd
+over prompts), target forwards, and where the time went (prefill / draft / verify /
+bookkeeping). Methods alternate prompt by prompt so that drift of this shared machine hits all
+of them alike. The same key and seed are used throughout, so the table also reports whether
+pfr/mpfr emitted exactly basic-uwm's tokens (drafter invariance on the real models). `--kernels
+amx,avx512vnni` runs every row on each int8 GEMM build in turn, prompt by prompt (one table per
+set and build). `bench/draft_rules.py` compares drafting settings by their counts instead, free
+of the drift.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from wmark.generator.drafters.hybrid import HybridDrafter
 from wmark.generator.engine import SamplerConfig, generate
 from wmark.generator.models.embedded import embedded_tokenizer_json
 from wmark.generator.models.loading import load_pair, resolve_source
+from wmark.generator.models.prepare import cpu_precision
 from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD
 
 PROMPTS = [
@@ -134,7 +136,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--precision", default="int8")
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        help="the target's precision (default: what `wmark generate` takes on this CPU; the header "
+        "says which; until 2026-12-07 it was int8 everywhere). With --kernels the precision stays this "
+        "CPU's: pass int8-fast to time a CPU without AMX",
+    )
     parser.add_argument("--skip-hf", action="store_true", help="skip the transformers generate() reference")
     parser.add_argument(
         "--prompt-sets",
@@ -171,6 +179,8 @@ def main() -> None:
     if unknown or "basic-uwm" not in names:
         parser.error(f"unknown settings {unknown} (basic-uwm is required: the ratios are against it)")
 
+    if args.precision == "auto":
+        args.precision = cpu_precision()
     pair = load_pair("embedded", "embedded", precision=args.precision, threads=args.threads)
     assert pair.drafter is not None
     tok = TextTokenizer(embedded_tokenizer_json(), "qwen2.5-coder")
