@@ -16,7 +16,9 @@ failed-authentication rate limit: then 429 and only counted, so a flood cannot f
 
 A cached token within a per-process rate limit is admitted on the event loop (no I/O, no
 thread-pool hop: ~0.2 ms of CPU less per request); anything that may touch the database, the
-audit log or Redis runs in the thread pool.
+audit log or Redis runs in the thread pool. Its revocation is re-checked where the route writes
+its audit row, and, for an answer that writes none (an error), by `recheck` before that answer
+(`deps.refusal_before_error`). Admission runs before the body is read (`deps.AdmittedRoute`).
 """
 
 from __future__ import annotations
@@ -28,15 +30,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import Scope
 
+from wmark.api.access_log import redact
 from wmark.api.errors import Forbidden, RateLimited
 from wmark.api.limits import RateLimiter
 from wmark.keys.audit import AuditEntry
-from wmark.keys.tokens import Role, TokenInfo, TokenRejected
+from wmark.keys.tokens import Role, TokenInfo, TokenRejected, TokenStore
 
 if TYPE_CHECKING:  # deps builds its dependencies on `admit`
     from wmark.api.deps import Service
 
-__all__ = ["admit", "reject"]
+__all__ = ["admit", "admitted", "bearer", "recheck", "reject"]
 
 log = logging.getLogger("wmark.api")
 
@@ -47,15 +50,39 @@ async def admit(service: Service, request: Request, role: Role, *, cached: bool)
     `cached`: take the token from the process's `TokenCache`; only for routes that re-check
     revocation in the transaction of their audit row (the detection routes).
     """
-    token, headers = _bearer(request.scope)
+    token, headers = bearer(request.scope)
     if cached and headers == 1 and isinstance(service.limiter, RateLimiter):
         info = service.token_cache.cached(token)
         if info is not None and info.allows(role):
-            return _within_rate(service, info)
-    return await run_in_threadpool(_admit, service, request, role, token, headers, cached)
+            return _admitted(request, _within_rate(service, info), cached=True)
+    info = await run_in_threadpool(_admit, service, request, role, token, headers, cached)
+    return _admitted(request, info, cached=cached)
 
 
-def _bearer(scope: Scope) -> tuple[str | None, int]:
+def _admitted(request: Request, info: TokenInfo, *, cached: bool) -> TokenInfo:
+    request.state.wmark_admitted = (info, cached)
+    return info
+
+
+def admitted(request: Request) -> tuple[TokenInfo, bool] | None:
+    """The token `admit` let this request in with, and whether it came from the `TokenCache`
+    (whose revocation only the audit transaction re-checks); None if it was not admitted."""
+    found: tuple[TokenInfo, bool] | None = getattr(request.state, "wmark_admitted", None)
+    return found
+
+
+def recheck(service: Service, request: Request, info: TokenInfo) -> None:
+    """Refuse (as `reject` does) a token admitted from the cache that was revoked since: for the
+    answers that write no audit row, whose transaction would have checked it (I/O: in a thread)."""
+    with service.registry.tokens.sessions() as session:
+        try:
+            TokenStore.ensure_unrevoked(session, info.token_id)
+        except TokenRejected as exc:
+            service.token_cache.forget(info.token_id)
+            reject(service, request, exc.reason, exc.token_id, exc)
+
+
+def bearer(scope: Scope) -> tuple[str | None, int]:
     """The request's bearer token, as `fastapi.security.HTTPBearer` reads it (from the first
     `Authorization` header: scheme `Bearer` in any case, the credentials after the first space,
     stripped; None if there is none), and how many `Authorization` headers the request has."""
@@ -109,7 +136,9 @@ def reject(
     wait = service.auth_limiter.acquire(client)
     if wait > 0:
         raise RateLimited(wait) from None
-    log.info("rejected %s %s: %s (token id %s)", request.method, request.url.path, reason, token_id or "-")
+    # a token pasted into the path must not reach the log or the audit row (auditors read it)
+    path = redact(request.url.path)
+    log.info("rejected %s %s: %s (token id %s)", request.method, path, reason, token_id or "-")
     service.registry.audit.append(
         AuditEntry(
             actor=f"token:{token_id}" if token_id else "anonymous",
@@ -118,7 +147,7 @@ def reject(
                 "reason": reason,
                 "status": 403 if isinstance(error, Forbidden) else 401,
                 "method": request.method,
-                "path": request.url.path[:200],
+                "path": path[:200],
                 "client": client,
             },
         )

@@ -26,7 +26,7 @@ from wmark.api import (
     receipt_routes,
 )
 from wmark.api.calibration_states import CalibrationStates
-from wmark.api.deps import Service
+from wmark.api.deps import Service, refusal_before_error
 from wmark.api.detectors import DetectorCache
 from wmark.api.errors import install_error_handlers
 from wmark.api.fast_detect import FastDetectRoute
@@ -124,7 +124,7 @@ def create_app(settings: Settings | None = None, generation: GenerationSettings 
         redoc_url=None,
         openapi_url="/openapi.json" if settings.docs else None,
     )
-    install_error_handlers(app)
+    install_error_handlers(app, gate=refusal_before_error)
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, read_timeout=settings.body_timeout
     )

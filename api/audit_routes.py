@@ -6,13 +6,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from wmark.api.deps import AuditorToken, ServiceDep
+from wmark.api.deps import AdmittedRoute, AuditorToken, ServiceDep
 from wmark.api.errors import AUTHENTICATED, documented
 from wmark.api.schemas import AuditPage, VerifyOut
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=documented(*AUTHENTICATED))
+router = APIRouter(
+    route_class=AdmittedRoute, prefix="/v1/audit", tags=["audit"], responses=documented(*AUTHENTICATED)
+)
 
 
 @router.get("", response_model=AuditPage, summary="Read the audit log, newest first")

@@ -177,7 +177,43 @@ _HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[JSONRe
 }
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers that give every error the `{code, message}` shape."""
+Gate = Callable[[Request], Awaitable[None]]
+
+
+def install_error_handlers(app: FastAPI, *, gate: Gate | None = None) -> None:
+    """Register the handlers that give every error the `{code, message}` shape.
+
+    `gate`: awaited before a client error (4xx) other than a refusal is answered; an error it
+    raises is answered instead (`deps.refusal_before_error`: admission comes before everything
+    else a request is told, e.g. that its body did not parse).
+    """
     for kind, handler in _HANDLERS.items():
+        if gate is not None and kind is not Exception:  # a 500 is not the client's doing
+            handler = _gated(handler, gate)
         app.add_exception_handler(kind, handler)
+
+
+def _gated(
+    handler: Callable[[Request, Exception], Awaitable[JSONResponse]], gate: Gate
+) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    async def answer(request: Request, exc: Exception) -> JSONResponse:
+        if _status(exc) < 500 and not isinstance(exc, AuthError | RateLimited):
+            try:
+                await gate(request)
+            except Exception as refusal:  # noqa: BLE001 - answered by its own handler (500s logged)
+                return await _handler_of(refusal)(request, refusal)
+        return await handler(request, exc)
+
+    return answer
+
+
+def _status(exc: Exception) -> int:
+    if isinstance(exc, WmarkError):
+        return exc.status
+    if isinstance(exc, StarletteHTTPException):
+        return exc.status_code
+    return 422 if isinstance(exc, RequestValidationError) else 500
+
+
+def _handler_of(exc: Exception) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    return next(_HANDLERS[kind] for kind in type(exc).__mro__ if kind in _HANDLERS)

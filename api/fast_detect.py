@@ -9,13 +9,16 @@ around any route (request metrics and their labels, the body limit, `X-Content-T
 FastAPI's own, whatever is added later) and what it raises is answered by the app's exception
 handlers.
 
-It answers a request whose body the FastAPI route would read as JSON and admit as
-`DetectRequest` (the same `json.loads`, the same model), by calling what that route calls: its
-dependencies (`HONOURED`: `deps.get_service`, and `deps.DETECTOR`, which is
-`admission.admit`: bearer token, one Authorization header, role, rate limit, refusals audited),
-then `detect_one` and `json_response`. Every other request (one the route would refuse for its
-body, or read otherwise) is routed again, body and all, to the FastAPI route, before anything
-with a side effect (rate limit, audit row) happened; its answers, errors included, are FastAPI's.
+It answers a request that carries a bearer token and whose body the FastAPI route would read
+as JSON, find within the limits and admit as `DetectRequest` (the same `json.loads`, the same
+`check_sizes` before the same model), by calling what that route calls: its dependencies
+(`HONOURED`: `deps.get_service`; `deps.DETECTOR`, which is `admission.admit`: bearer token, one
+Authorization header, role, rate limit, refusals audited; and `detect_routes.bounded_detect`,
+whose `check_sizes` it ran on the body already), then `detect_one` and `json_response`. A
+request without a token is passed on unread: the route refuses it before validating its body.
+Every other request (one the route would refuse for its body, or read otherwise) is routed
+again, body and all, to the FastAPI route, before anything with a side effect (rate limit,
+audit row) happened; its answers, errors included, are FastAPI's.
 The route stays registered, so /openapi.json documents it.
 
 The door opens only for the route it was written for: `differences(app)` lists how the route of
@@ -40,9 +43,12 @@ from starlette.requests import Request
 from starlette.routing import Match, Route, compile_path
 from starlette.types import Message, Receive, Scope, Send
 
+from wmark.api.admission import bearer
 from wmark.api.deps import DETECTOR, get_service
-from wmark.api.detect_routes import detect, detect_one, json_response
+from wmark.api.detect_routes import bounded_detect, check_sizes, detect, detect_one, json_response
+from wmark.api.errors import TextTooLong
 from wmark.api.schemas import DetectRequest
+from wmark.api.settings import Settings
 
 __all__ = ["HONOURED", "PATH", "FastDetectRoute", "differences"]
 
@@ -50,7 +56,7 @@ log = logging.getLogger("wmark.api")
 
 PATH = "/v1/detect"
 # The route's dependencies that the door honours: it calls each one, as FastAPI would.
-HONOURED: frozenset[Callable[..., Any]] = frozenset({get_service, DETECTOR})
+HONOURED: frozenset[Callable[..., Any]] = frozenset({get_service, DETECTOR, bounded_detect})
 _HANDED_ON = "wmark.handed_on"  # in the scope of a request the door passed on to the FastAPI route
 
 
@@ -83,13 +89,16 @@ class _Door:
         if not self._open or self._app.dependency_overrides:
             await self._hand_on(scope, receive, send)
             return
+        if bearer(scope)[0] is None:  # refused before its body is looked at, by the route
+            await self._hand_on(scope, receive, send)
+            return
+        service = await get_service(Request(scope))
         messages, body = await _read(receive)
-        detect_request = _admissible(scope, body) if body else None
+        detect_request = _admissible(scope, body, service.settings) if body else None
         if detect_request is None:
             await self._hand_on(scope, _replaying(messages, receive), send)
             return
         request = Request(scope, receive)
-        service = await get_service(request)
         token = await DETECTOR(request)
         response = json_response(await detect_one(service, request, token, detect_request))
         await response(scope, receive, send)
@@ -125,14 +134,16 @@ def _replaying(messages: list[Message], receive: Receive) -> Receive:
     return replay
 
 
-def _admissible(scope: Scope, body: bytes) -> DetectRequest | None:
+def _admissible(scope: Scope, body: bytes, settings: Settings) -> DetectRequest | None:
     """The body as the FastAPI route reads it, or None where it would answer otherwise."""
     content_type = next((value for name, value in scope["headers"] if name == b"content-type"), None)
     if content_type is None or content_type.partition(b";")[0].strip().lower() != b"application/json":
         return None  # FastAPI's to decide: no media type, another one (`+json` too), ...
     try:
-        return DetectRequest.model_validate(json.loads(body))  # Request.json(), then FastAPI's check
-    except (ValueError, RecursionError, ValidationError):  # JSON, encoding, nesting, schema
+        decoded = json.loads(body)  # Request.json()
+        check_sizes(settings, [decoded])  # bounded_detect
+        return DetectRequest.model_validate(decoded)  # FastAPI's check
+    except (ValueError, RecursionError, TextTooLong, ValidationError):  # JSON, nesting, size, schema
         return None
 
 

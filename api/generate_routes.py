@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from wmark.api.deps import require
+from wmark.api.deps import AdmittedRoute, require
 from wmark.api.generation import Event, Failed, Finished, Generation, Job, Tokens, served_sampler
 from wmark.api.openai_errors import error_type
 from wmark.api.openai_schemas import (
@@ -45,7 +45,7 @@ __all__ = ["OPENAI_PATHS", "router"]
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 
 T = TypeVar("T")
-router = APIRouter(tags=["generate"])
+router = APIRouter(route_class=AdmittedRoute, tags=["generate"])
 GeneratorToken = Annotated[TokenInfo, Depends(require("generator"))]
 
 _FINISH = {"eos": "stop", "length": "length"}

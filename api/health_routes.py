@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import SQLAlchemyError
 
-from wmark.api.deps import AuditorToken, ServiceDep
+from wmark.api.deps import AdmittedRoute, AuditorToken, ServiceDep
 from wmark.api.errors import AUTHENTICATED, documented, error_response
 from wmark.api.metrics import CONTENT_TYPE_LATEST
 from wmark.errors import KeyRegistryError
@@ -20,7 +20,7 @@ from wmark.keys.sqlite_file import RegistryDamagedError
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["health"])
+router = APIRouter(route_class=AdmittedRoute, tags=["health"])
 
 
 @router.get("/healthz", summary="Liveness")

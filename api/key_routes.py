@@ -10,15 +10,25 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
 
-from wmark.api.deps import AdminToken, ServiceDep
+from wmark.api.deps import AdminToken, AdmittedRoute, ServiceDep
 from wmark.api.errors import AUTHENTICATED, documented
-from wmark.api.schemas import KeyCreate, KeyDetail, KeyList, KeyPublic, VllmKeyCreate
-from wmark.vllm_gumbel import VllmWatermarkConfig
+from wmark.api.schemas import KeyCreate, KeyDetail, KeyList, KeyPublic, VllmKeyCreate, VllmKeyCreated
+from wmark.vllm_gumbel import GUESSABLE_WARNING, VllmWatermarkConfig
 
 __all__ = ["router", "vllm_router"]
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=documented(*AUTHENTICATED, 404, 409))
-vllm_router = APIRouter(prefix="/v1/vllm-keys", tags=["keys"], responses=documented(*AUTHENTICATED, 404, 409))
+router = APIRouter(
+    route_class=AdmittedRoute,
+    prefix="/v1/keys",
+    tags=["keys"],
+    responses=documented(*AUTHENTICATED, 404, 409),
+)
+vllm_router = APIRouter(
+    route_class=AdmittedRoute,
+    prefix="/v1/vllm-keys",
+    tags=["keys"],
+    responses=documented(*AUTHENTICATED, 404, 409),
+)
 
 KeyIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="The key's id.")]
 
@@ -48,7 +58,13 @@ def create_key(body: KeyCreate, token: AdminToken, service: ServiceDep) -> dict[
 
 
 # Not under /v1/keys/: GET /v1/keys/{key_id} would match its path too (and OPTIONS would offer GET).
-@vllm_router.post("", response_model=KeyPublic, status_code=201, summary="Register a vLLM deployment's key")
+@vllm_router.post(
+    "",
+    response_model=VllmKeyCreated,
+    response_model_exclude_unset=True,  # `warnings` only where there are some
+    status_code=201,
+    summary="Register a vLLM deployment's key",
+)
 def create_vllm_key(body: VllmKeyCreate, token: AdminToken, service: ServiceDep) -> dict[str, Any]:
     """Register the key of a vLLM deployment's `--watermark-config`, to detect vLLM's native
     watermark (as `wmark keys create --scheme vllm-...`). The config's secret key is sealed under
@@ -61,7 +77,7 @@ def create_vllm_key(body: VllmKeyCreate, token: AdminToken, service: ServiceDep)
         min_scored_tokens=body.min_scored_tokens,
         actor=token.actor,
     )
-    return info.to_dict()
+    return info.to_dict() | ({"warnings": [GUESSABLE_WARNING]} if config.guessable else {})
 
 
 @router.get("/{key_id}", response_model=KeyDetail, summary="Show a key and its calibration")

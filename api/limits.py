@@ -102,7 +102,8 @@ async def read_body(
     if declared is not None and not declared.isdigit():
         await _answer(send, 400, "bad_request", "Content-Length is not a number")
         return 400
-    if declared is not None and int(declared) > max_bytes:
+    # leading zeros are legal (llhttp passes them), and past 4,300 digits int() refuses the text
+    if declared is not None and _too_large(declared.lstrip(b"0"), max_bytes):
         await _answer(send, 413, "body_too_large", f"request body is over {max_bytes} bytes")
         return 413
     chunks: list[bytes] = []
@@ -124,6 +125,11 @@ async def read_body(
         await _answer(send, 408, "request_timeout", f"the body did not arrive within {read_timeout:g} s")
         return 408
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(digits: bytes, max_bytes: int) -> bool:
+    """Whether a Content-Length's digits (leading zeros stripped) count more than `max_bytes`."""
+    return len(digits) > len(str(max_bytes)) or int(digits or b"0") > max_bytes
 
 
 async def _answer(send: Send, status: int, code: str, message: str) -> None:

@@ -67,7 +67,7 @@ class ChatMessage(BaseModel):
 
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+    content: Text | Annotated[list[TextPart], Field(fail_fast=True)]  # one error, not one a part
     name: Text | None = None
 
     def text(self) -> str:
@@ -117,7 +117,7 @@ class _Sampling(BaseModel):
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1000)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1000, fail_fast=True)]
     max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
 
     @field_validator("messages")
@@ -144,7 +144,7 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """POST /v1/completions (a raw prompt, no chat template)."""
 
-    prompt: Annotated[Text | list[Text], Field(min_length=1)]
+    prompt: Annotated[Text | Annotated[list[Text], Field(fail_fast=True)], Field(min_length=1)]
     echo: Literal[False] = False
     logprobs: None = None
     suffix: None = None

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from wmark.api.deps import ServiceDep
+from wmark.api.deps import AdmittedRoute, ServiceDep
 from wmark.api.detect_routes import json_response
 from wmark.api.schemas import ReceiptKeySet
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/receipts", tags=["receipts"])
+router = APIRouter(route_class=AdmittedRoute, prefix="/v1/receipts", tags=["receipts"])
 
 CACHE_SECONDS = 60
 

@@ -3,8 +3,9 @@
 Checking a bearer token costs a database round trip (~0.75 ms on SQLite here) on every request.
 The detection routes take the token's info from this cache instead and re-check revocation
 where they must write anyway: inside the audit transaction that records their answer
-(`AuditLog.append(precondition=TokenStore.ensure_unrevoked)`), so a revoked token is refused from
-the moment its revocation commits, in every process, and no answer is given under it. Routes that
+(`AuditLog.append(precondition=TokenStore.ensure_unrevoked)`), and before any error they answer
+instead (`admission.recheck`), so a revoked token is refused from the moment its revocation
+commits, in every process, and no answer is given under it, not even which keys exist. Routes that
 write no audit row authenticate against the database on every request.
 
 Only successes are cached, keyed by the SHA-256 of the whole token (the token itself is not

@@ -15,7 +15,7 @@ from wmark.detector.tokenize import read_tokenizer_source
 from wmark.keys import KeyInfo, MasterKey
 from wmark.keys.calibrations import Calibration
 from wmark.spec import VLLM_SCHEMES
-from wmark.vllm_gumbel import VllmWatermarkConfig
+from wmark.vllm_gumbel import GUESSABLE_WARNING, VllmWatermarkConfig
 
 app = typer.Typer(
     help="Manage watermark keys (secrets never leave the registry in clear).", no_args_is_help=True
@@ -102,6 +102,8 @@ def create(
             info = registry.import_vllm_key(
                 name, ref, config, min_scored_tokens=min_scored_tokens, actor=cli_actor()
             )
+            if config.guessable:
+                typer.echo(f"warning: {GUESSABLE_WARNING}", err=True)
         else:
             info = registry.create_key(
                 name,

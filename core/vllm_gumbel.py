@@ -38,6 +38,8 @@ from wmark.secret import Secret
 from wmark.spec import VLLM_PRF_NAME, VLLM_PRF_VERSION, PrfRef, TokenizerRef, WatermarkSpec
 
 __all__ = [
+    "GUESSABLE_BELOW",
+    "GUESSABLE_WARNING",
     "VllmGumbelKey",
     "VllmWatermarkConfig",
     "derive_watermark_key",
@@ -180,6 +182,22 @@ class VllmGumbelKey:
         return 1.0 - (b * np.exp(-s / b) - a * np.exp(-s / a)) / (b - a)
 
 
+GUESSABLE_BELOW = 2**48
+"""A vLLM key below this is reported as guessable (`VllmWatermarkConfig.guessable`). vLLM takes
+whatever integer a provider writes, and wmark can only detect with that key, but a small or
+patterned one (a date, 31337, 1234567890123) is recovered by trying every value: against one
+watermarked text (a detection a value), or against the key's public fingerprint (one HMAC a
+value: seconds for a five-digit key). A key drawn at random from 0..2^64 - 1 lands below 2^48
+once in 65,536 draws."""
+
+GUESSABLE_WARNING = (
+    "this vLLM key is below 2^48, so it was likely chosen rather than drawn at random; anyone can "
+    "recover a chosen key by trying values against a watermarked text or the key's public "
+    "fingerprint. Serve with a random 64-bit key (python -c 'import secrets; "
+    "print(secrets.randbits(64))') and register that one"
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class VllmWatermarkConfig:
     """vLLM's `WatermarkConfig` as a provider passes it to `--watermark-config`, checked as vLLM does.
@@ -248,6 +266,11 @@ class VllmWatermarkConfig:
             scheme=self.scheme,  # type: ignore[arg-type]  # one of _ALGORITHMS' values
             dual_key_alpha=float(self.alpha) if self.algorithm == "dual_key_gumbel" else None,
         )
+
+    @property
+    def guessable(self) -> bool:
+        """Whether the key is small enough to be found by trying values (`GUESSABLE_BELOW`)."""
+        return self.key < GUESSABLE_BELOW
 
     def secret(self) -> Secret:
         """The secret half, sealed in the registry like any key's secret."""

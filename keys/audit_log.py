@@ -186,7 +186,10 @@ class AuditLog:
     def page(
         self, *, limit: int = 100, before: int | None = None, action: str | None = None
     ) -> list[AuditRecord]:
-        """Rows newest first: at most `limit`, with seq < `before`, of one `action` if given."""
+        """Rows newest first: at most `limit`, with seq < `before`, of one `action` if given.
+
+        Only the chain's rows, 1 to the head: a row numbered outside them was written around
+        the audit writer (`verify` names it), and is never served as an event."""
         if not 1 <= limit <= 10_000:
             raise InputError("limit must be between 1 and 10000")
         query = select(AuditEvent).order_by(AuditEvent.seq.desc()).limit(limit)
@@ -195,6 +198,7 @@ class AuditLog:
         if action is not None:
             query = query.where(AuditEvent.action == action)
         with self.sessions() as session:
+            query = query.where(AuditEvent.seq.between(1, _head(session)[0]))
             return [stored_record(row) for row in session.scalars(query)]
 
     def count(self) -> int:

@@ -36,16 +36,17 @@ def verify_chain(session: Session, *, anchor: tuple[int, str] | None = None) -> 
 
     read_snapshot(session)  # the head and the rows as of one moment, while writers go on
     head = session.scalars(select(AuditHead).where(AuditHead.id == 1)).one_or_none()
-    last = 0
+    last: int | None = None  # from the lowest row: one numbered below 1 is forged too
     while True:
-        chunk = list(
-            session.scalars(
-                select(AuditEvent).where(AuditEvent.seq > last).order_by(AuditEvent.seq).limit(_VERIFY_CHUNK)
-            )
-        )
+        query = select(AuditEvent).order_by(AuditEvent.seq).limit(_VERIFY_CHUNK)
+        chunk = list(session.scalars(query if last is None else query.where(AuditEvent.seq > last)))
         if not chunk:
             break
         for row in chunk:
+            if row.seq < expected:
+                return bad(
+                    row.seq, f"row {row.seq} is before the chain's first row (added outside the audit writer)"
+                )
             if row.seq != expected:
                 gap = f"{expected}" if row.seq == expected + 1 else f"{expected}..{row.seq - 1}"
                 return bad(expected, f"row {gap} is missing (deleted or renumbered)")

@@ -25,6 +25,7 @@ from wmark.keys import KeyRegistry
 from wmark.keys.tokens import ROLES
 from wmark.prf import KeyedSource, seed_uniforms
 from wmark.race import race_winner
+from wmark.vllm_gumbel import GUESSABLE_WARNING
 
 VLLM_KEY = 0x0123456789ABCDEF  # the secret of the vLLM deployment: never in any response
 
@@ -237,3 +238,18 @@ def test_a_vllm_key_needs_a_stored_tokenizer(api):
     body = {"name": "v", "tokenizer_sha256": "0" * 64, "watermark_config": {"key": 1}}
     resp = api.call("POST", "/v1/vllm-keys", json=body)
     assert resp.status_code == 404 and resp.json()["code"] == "tokenizer_not_found", resp.text
+
+
+@pytest.mark.parametrize(
+    ("key", "warned"), [(31337, True), (2**48 - 1, True), (str(2**48), False), (str(VLLM_KEY), False)]
+)
+def test_a_guessable_vllm_key_is_registered_with_a_warning(api, key, warned):
+    # a chosen key is found by trying values against a watermarked text or its public
+    # fingerprint (31337 in 0.05 s): registered (vLLM serves with it), but the admin is told
+    body = {"name": "v", "tokenizer_sha256": api.tokenizer_sha256, "watermark_config": {"key": key}}
+    resp = api.call("POST", "/v1/vllm-keys", json=body)
+    assert resp.status_code == 201, resp.text
+    assert ("warnings" in resp.json()) == warned
+    if warned:
+        assert resp.json()["warnings"] == [GUESSABLE_WARNING] and str(key) not in resp.text
+    assert "rotated_at" in resp.json()  # the public view's nulls stay

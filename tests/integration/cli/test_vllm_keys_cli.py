@@ -135,3 +135,12 @@ def test_vllm_keys_are_not_rotated_nor_generated_with(tokenizer_file):
         with pytest.raises(InputError, match="vLLM generates it"):
             registry.material(key_id, for_generation=True)
         assert registry.material(key_id).spec.scheme == "vllm-gumbel"  # detection still gets it
+
+
+@pytest.mark.parametrize(("key", "warned"), [(31337, True), (VLLM_KEY, False)])
+def test_a_guessable_vllm_key_is_registered_with_a_warning_on_stderr(tokenizer_file, key, warned):
+    result = _invoke("keys", "create", "v", "--scheme", "vllm-gumbel", "--watermark-config",
+                     json.dumps({"key": key}), "--tokenizer", str(tokenizer_file))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert ("warning: this vLLM key is below 2^48" in result.stderr) == warned
+    assert result.stdout.strip().startswith("wk_") and str(key) not in result.output

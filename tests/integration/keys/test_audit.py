@@ -117,6 +117,16 @@ def _truncate(registry: KeyRegistry, seq: int) -> None:
     _exec(registry, "DELETE FROM audit_log WHERE seq >= :s", s=seq)
 
 
+def _forge_before(registry: KeyRegistry, seq: int) -> None:
+    # a row numbered below the chain's first (0, -1, ...), copied from row 1 with another verdict:
+    # a reader from 1 on never saw it
+    cols = "at, actor, action, key_ids, text_sha256, result, prev_hash, row_hash"
+    _exec(
+        registry, f"INSERT INTO audit_log (seq, {cols}) SELECT :s, {cols} FROM audit_log WHERE seq = 1", s=seq
+    )
+    _exec(registry, "UPDATE audit_log SET result = :r WHERE seq = :s", r='{"verdict":"watermarked"}', s=seq)
+
+
 def _rehash_edit(registry: KeyRegistry, seq: int) -> None:
     # an editor who recomputes the edited row's own hash is caught at the next row
     rec = next(r for r in registry.audit.page(limit=100) if r.seq == seq)
@@ -149,6 +159,8 @@ def _rehash_edit(registry: KeyRegistry, seq: int) -> None:
         pytest.param(_truncate, 7, 7, "truncated", id="truncate-tail"),
         pytest.param(_delete, 8, 8, "truncated", id="delete-last"),
         pytest.param(_rehash_edit, 3, 4, "prev_hash", id="edit-and-rehash"),
+        pytest.param(_forge_before, 0, 0, "before the chain's first row", id="forged-row-0"),
+        pytest.param(_forge_before, -5, -5, "before the chain's first row", id="forged-row-negative"),
         pytest.param(_not_json("result"), 3, 3, "result is not a JSON object", id="result-not-json"),
         pytest.param(_not_json("key_ids"), 6, 6, "key_ids is not a JSON list", id="key-ids-not-json"),
         pytest.param(_wrong_json_type, 2, 2, "key_ids is not a JSON list", id="json-of-wrong-type"),
@@ -162,6 +174,15 @@ def test_verify_names_the_first_bad_row(registry, tamper, target, named, reason)
     assert not report.ok
     assert report.first_bad_seq == named, report
     assert reason in report.reason
+
+
+def test_rows_outside_the_chain_are_never_read_as_events(registry):
+    registry.audit.append(*_entries(3))
+    _forge_before(registry, 0)
+    _forge_before(registry, 4)  # and one past the head
+    assert not registry.audit.verify().ok
+    assert [r.seq for r in registry.audit.page(limit=10)] == [3, 2, 1]
+    assert [r.seq for r in registry.audit.tail(10)] == [1, 2, 3]
 
 
 def test_malformed_rows_are_named_by_every_reader(registry):
