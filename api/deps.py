@@ -119,9 +119,9 @@ class AdmittedRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
+        role = _role_of(self.dependant)
 
         async def admitted_first(request: Request) -> Response:
-            role = _role_of(self.dependant)
             if role is not None and role not in request.app.dependency_overrides:
                 await role(request)
             return await handle(request)

@@ -184,8 +184,8 @@ def install_error_handlers(app: FastAPI, *, gate: Gate | None = None) -> None:
     """Register the handlers that give every error the `{code, message}` shape.
 
     `gate`: awaited before a client error (4xx) other than a refusal is answered; an error it
-    raises is answered instead (`deps.refusal_before_error`: admission comes before everything
-    else a request is told, e.g. that its body did not parse).
+    raises is answered instead (`deps.refusal_before_error`: a token revoked since it was cached
+    is refused, whatever else its request met).
     """
     for kind, handler in _HANDLERS.items():
         if gate is not None and kind is not Exception:  # a 500 is not the client's doing
