@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from wmark.api.deps import AdmittedRoute, require
+from wmark.api.generate_settings import GenerationSettings
 from wmark.api.generation import Event, Failed, Finished, Generation, Job, Tokens, served_sampler
 from wmark.api.openai_errors import error_type
 from wmark.api.openai_schemas import (
@@ -72,6 +73,54 @@ class LimitExceeded(InputError):
     status = 400
 
 
+class BelowFloor(InputError):
+    """The request's temperature or top-p leaves too little randomness to carry the watermark."""
+
+    code = "sampling_below_floor"
+    status = 400
+
+
+MAX_CONTENT_PARTS = 1024
+"""Text parts a chat request's messages may hold in all. Checked on the decoded body before
+validation (`bounded_chat`), which takes ~3 us a part on the event loop: 40 requests of 32,000
+empty parts each (960 KB, under the body limit) held every other route for ~4 s."""
+
+
+async def bounded_chat(request: Request) -> None:
+    """POST /v1/chat/completions's content parts within `MAX_CONTENT_PARTS` (a dependency after
+    admission, which FastAPI resolves before it validates the body)."""
+    try:
+        body = await request.json()  # FastAPI's decoding, which Starlette keeps
+    except (ValueError, RecursionError):  # not JSON: validation answers it
+        return
+    messages = body.get("messages") if isinstance(body, dict) else None
+    parts = sum(
+        len(content)
+        for message in (messages if isinstance(messages, list) else [])
+        if isinstance(message, dict) and isinstance(content := message.get("content"), list)
+    )
+    if parts > MAX_CONTENT_PARTS:
+        raise LimitExceeded(f"the messages hold {parts} content parts; the limit is {MAX_CONTENT_PARTS}")
+
+
+def _sampling(
+    body: ChatCompletionRequest | CompletionRequest, settings: GenerationSettings
+) -> tuple[float, float]:
+    """The request's temperature and top-p (1 where not given), refused below the server's floors."""
+    temperature = 1.0 if body.temperature is None else body.temperature
+    top_p = 1.0 if body.top_p is None else body.top_p
+    for name, value, floor, variable in (
+        ("temperature", temperature, settings.min_temperature, "TEMPERATURE"),
+        ("top_p", top_p, settings.min_top_p, "TOP_P"),
+    ):
+        if value < floor:
+            raise BelowFloor(
+                f"{name} {value:g} is below this server's floor {floor:g}: the text would keep too little "
+                f"randomness to carry the watermark (the operator sets WMARK_GENERATE_MIN_{variable})"
+            )
+    return temperature, top_p
+
+
 async def get_generation(request: Request) -> Generation:
     """The app's generation service."""
     generation: Generation = request.app.state.generation
@@ -94,7 +143,11 @@ async def list_models(_token: GeneratorToken, generation: GenerationDep) -> dict
 
 @router.post("/v1/chat/completions", responses=_ERRORS)
 async def chat_completions(
-    body: ChatCompletionRequest, token: GeneratorToken, generation: GenerationDep, request: Request
+    body: ChatCompletionRequest,
+    token: GeneratorToken,
+    _bounded: Annotated[None, Depends(bounded_chat)],
+    generation: GenerationDep,
+    request: Request,
 ) -> Response:
     """Watermarked chat completion (the target's chat template, then the server's sampler and key).
 
@@ -135,13 +188,14 @@ async def _complete(
     settings = generation.settings
     if body.model != settings.model_name:
         raise ModelNotFound(f"this server generates with model {settings.model_name!r} only")
+    temperature, top_p = _sampling(body, settings)
     budget = body.budget() or settings.max_tokens
     if budget > settings.max_tokens:
         raise LimitExceeded(f"max_tokens is {budget}; this server allows at most {settings.max_tokens}")
     _check_characters(
         body.prompt_chars(), settings.max_prompt_tokens, generation.pair.prompts.max_token_chars
     )
-    generation.ensure_room()
+    generation.ensure_room(token.token_id)
     prompt_ids = await generation.tokenise(encode)
     if len(prompt_ids) > settings.max_prompt_tokens:
         raise LimitExceeded(
@@ -153,8 +207,8 @@ async def _complete(
         config=served_sampler(
             generation.settings,
             max_tokens=budget,
-            temperature=body.temperature or 1.0,
-            top_p=body.top_p or 1.0,
+            temperature=temperature,
+            top_p=top_p,
         ),
         key=key,
         seed=body.seed,

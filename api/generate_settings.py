@@ -15,7 +15,10 @@ from pathlib import Path
 from wmark.api.settings import env_number
 from wmark.errors import InputError
 
-__all__ = ["GenerationSettings"]
+__all__ = ["MIN_TEMPERATURE", "MIN_TOP_P", "GenerationSettings"]
+
+MIN_TEMPERATURE = 0.7  # the default floors: see `GenerationSettings`
+MIN_TOP_P = 0.9
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +39,16 @@ class GenerationSettings:
         max_queue: requests that may wait for the model while one generates; more get 429
             (`WMARK_GENERATE_QUEUE`; 0: none wait, one request generates at a time).
         top_k: top-k of both models (`WMARK_GENERATE_TOP_K`; 0: off). OpenAI's API has no top_k.
+        queue_per_token: the most generations one token may have running or waiting, so that one
+            client cannot hold every place (`WMARK_GENERATE_QUEUE_PER_TOKEN`; default: half the
+            places, rounded up).
+        min_temperature, min_top_p: the lowest `temperature` and `top_p` a request may ask for
+            (`WMARK_GENERATE_MIN_TEMPERATURE`, `..._MIN_TOP_P`). The keyed race can only carry
+            the randomness sampling leaves: on the embedded target, 96-token answers sampled at
+            temperature 1 were detected at p 1e-14 to 4e-5 where the answer had any entropy,
+            at 0.7 at p 2e-6 to 0.09, and at 0.5 or below, or top-p 0.5 or below, not at all
+            (BENCHMARKS.md, "Watermark strength against temperature and top-p"); without a
+            floor a client could ask for text that carries no watermark.
     """
 
     target: str
@@ -49,8 +62,15 @@ class GenerationSettings:
     max_prompt_tokens: int = 4096
     max_queue: int = 8
     top_k: int = 50
+    queue_per_token: int | None = None
+    min_temperature: float = MIN_TEMPERATURE
+    min_top_p: float = MIN_TOP_P
 
     def __post_init__(self) -> None:
+        if self.queue_per_token is None:
+            object.__setattr__(self, "queue_per_token", (self.max_queue + 2) // 2)
+        if not 0.01 <= self.min_temperature <= 2.0 or not 0.0 <= self.min_top_p <= 1.0:
+            raise InputError("the temperature floor must be in [0.01, 2] and the top-p floor in [0, 1]")
         if self.method is None:
             object.__setattr__(self, "method", "mpfr" if self.drafter else "basic-uwm")
         if self.model_name is None:
@@ -86,4 +106,7 @@ class GenerationSettings:
             max_prompt_tokens=count("WMARK_GENERATE_MAX_PROMPT_TOKENS", 4096, 1),
             max_queue=count("WMARK_GENERATE_QUEUE", 8, 0),
             top_k=count("WMARK_GENERATE_TOP_K", 50, 0),
+            queue_per_token=count("WMARK_GENERATE_QUEUE_PER_TOKEN", 0, 0) or None,
+            min_temperature=env_number(env, "WMARK_GENERATE_MIN_TEMPERATURE", MIN_TEMPERATURE, minimum=0.01),
+            min_top_p=env_number(env, "WMARK_GENERATE_MIN_TOP_P", MIN_TOP_P, minimum=0.0),
         )

@@ -25,6 +25,7 @@ import math
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from wmark.api import revocation
 from wmark.api.errors import RateLimited
 from wmark.api.generate_settings import GenerationSettings
 from wmark.api.metrics import Metrics
-from wmark.errors import KeyRevokedError, WmarkError
+from wmark.errors import KeyRegistryError, KeyRevokedError, WmarkError
 from wmark.generator.backend import LanguageModel
 from wmark.generator.cpu.threads import CoreMeter, ThreadPlan
 from wmark.generator.drafters.build import build_drafter, drafter_model_source
@@ -86,11 +87,28 @@ class QueueFull(RateLimited):
 
     code = "queue_full"
 
-    def __init__(self, retry_after: float, waiting: int) -> None:
+    def __init__(self, retry_after: float, waiting: int, *, mine: bool = False) -> None:
         seconds = max(1, math.ceil(retry_after))
         # the Retry-After header rounds `retry_after + 0.5` (api.errors): from n - 0.5 it says n
         super().__init__(seconds - 0.5)
-        self.args = (f"the generation queue is full ({waiting} waiting); retry in {seconds} s",)
+        if mine:
+            self.args = (f"this token holds as many places in the generation queue as one token may; "
+                         f"retry in {seconds} s",)  # fmt: skip
+        else:
+            self.args = (f"the generation queue is full ({waiting} waiting); retry in {seconds} s",)
+
+
+_ROTATIONS = 1000  # rotations followed from `--key` (a bound: a damaged registry could loop)
+
+
+class NoGenerationKey(WmarkError):
+    """The server has no key to generate with now (see `Generation.key`)."""
+
+    code = "no_generation_key"
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__("this server has no watermark key to generate with; its operator must set one")
 
 
 class GenerationFailed(WmarkError):
@@ -154,6 +172,7 @@ class Job:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    on_cancel: Callable[[Job], None] | None = None  # set by `Generation.submit`: frees its place
 
     @property
     def actor(self) -> str:
@@ -161,8 +180,11 @@ class Job:
         return f"token:{self.token_id}"
 
     def cancel(self) -> None:
-        """Stop generating at the next block boundary (no-op once finished)."""
+        """Stop generating at the next block boundary (no-op once finished); a job still waiting
+        gives its place in the queue back at once."""
         self.cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel(self)
 
     def send(self, event: Event) -> None:
         """From the worker thread: hand `event` to the request's coroutine."""
@@ -205,6 +227,8 @@ class Generation:
         self._lock = threading.Lock()
         self._waiting = 0  # jobs in the queue
         self._admitted = 0  # jobs in the queue or running
+        self._per_token: Counter[str] = Counter()  # of those, per token
+        self._queued: set[Job] = set()  # the jobs waiting (not withdrawn, not yet taken)
         self.tokenising_threads = TOKENISING_THREADS
         self._tokeniser = ThreadPoolExecutor(TOKENISING_THREADS, thread_name_prefix="wmark-tokenise")
         self._mean_seconds = 1.0  # moving average of generation times, for Retry-After
@@ -239,10 +263,28 @@ class Generation:
         return cls(settings, pair, registry, metrics, drafter)
 
     def key(self) -> KeyMaterial:
-        """The key to generate with now (follows a rotation of the only active key)."""
-        key = self.registry.generation_key(self.settings.key_id)
+        """The key to generate with now: it follows a rotation, of the only active key or of the
+        one `--key` named (to its active successor). A revoked key is refused (409 `key_revoked`);
+        where there is no key (none that generates, several active, the named one gone) the
+        server is misconfigured: 503, the detail in the log, not the key ids in the answer."""
+        try:
+            key = self.registry.generation_key(self._successor(self.settings.key_id))
+        except KeyRevokedError:  # the served key itself was revoked: 409, as its jobs are told
+            raise
+        except KeyRegistryError as exc:
+            log.error("no key to generate with: %s", exc)
+            raise NoGenerationKey() from None
         check_key_binding(key, self.pair.target)
         return key
+
+    def _successor(self, key_id: str | None) -> str | None:
+        """`key_id`, or the key its rotations led to (a chain of at most `_ROTATIONS`)."""
+        for _ in range(_ROTATIONS):
+            info = self.registry.get(key_id) if key_id is not None else None
+            if info is None or info.status != "retired" or info.replaced_by is None:
+                break
+            key_id = info.replaced_by
+        return key_id
 
     async def tokenise(self, work: Callable[[], T]) -> T:
         """`work()` (a prompt's tokenising) on the tokenising pool; an unexpected error of the
@@ -255,24 +297,47 @@ class Generation:
             log.error("tokenising failed: %s", type(exc).__name__, exc_info=exc)
             raise GenerationFailed() from None
 
-    def ensure_room(self) -> None:
+    def ensure_room(self, token_id: str) -> None:
         """Raise `QueueFull` if `submit` would now (so a prompt is not tokenised for nothing)."""
         with self._lock:
-            self._refuse_if_full()
+            self._refuse_if_full(token_id)
 
     def submit(self, job: Job) -> None:
         """Queue `job`, or raise `QueueFull`."""
         with self._lock:
-            self._refuse_if_full()
+            self._refuse_if_full(job.token_id)
             self._admitted += 1
+            self._per_token[job.token_id] += 1
             self._waiting += 1
+            self._queued.add(job)
             self.metrics.queue_length.set(self._waiting)
+        job.on_cancel = self._withdraw
         self._jobs.put(job)
 
-    def _refuse_if_full(self) -> None:
-        """Under the lock: one job may run and `max_queue` wait behind it."""
+    def _refuse_if_full(self, token_id: str) -> None:
+        """Under the lock: one job may run and `max_queue` wait behind it, at most
+        `queue_per_token` of them one token's."""
         if self._admitted >= self.settings.max_queue + 1:
             raise QueueFull(self._mean_seconds * self._admitted, self._waiting)
+        if self._per_token[token_id] >= (self.settings.queue_per_token or 1):
+            raise QueueFull(self._mean_seconds * self._per_token[token_id], self._waiting, mine=True)
+
+    def _withdraw(self, job: Job) -> None:
+        """A waiting job's client went away: its place is free now (the worker skips it)."""
+        with self._lock:
+            if job not in self._queued:  # running, finished or withdrawn already
+                return
+            self._queued.discard(job)
+            self._release(job)
+            self._waiting -= 1
+            self.metrics.queue_length.set(self._waiting)
+
+    def _release(self, job: Job) -> None:
+        """Under the lock: `job` no longer holds a place."""
+        self._admitted -= 1
+        self._per_token[job.token_id] -= 1
+        if not self._per_token[job.token_id]:
+            del self._per_token[job.token_id]
 
     def close(self) -> None:
         """Cancel the running job, drop the waiting ones and stop the worker."""
@@ -293,15 +358,28 @@ class Generation:
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             with self._lock:
-                self._waiting -= 1
-                self.metrics.queue_length.set(self._waiting)
+                withdrawn = job not in self._queued
+                self._queued.discard(job)
+                if not withdrawn:
+                    self._waiting -= 1
+                    self.metrics.queue_length.set(self._waiting)
+            if withdrawn:  # its client left while it waited: on record, as any cancelled job
+                self._record_withdrawn(job)
+                continue
             self.current = job
             try:
                 job.send(self._serve(job))
             finally:
                 self.current = None
                 with self._lock:
-                    self._admitted -= 1
+                    self._release(job)
+
+    def _record_withdrawn(self, job: Job) -> None:
+        try:
+            self._audit(job, None, "cancelled")
+        except Exception as exc:  # the worker must outlive any one request
+            log.error("generation not audited: %s", type(exc).__name__)
+        self.metrics.generations.labels("cancelled").inc()
 
     def _serve(self, job: Job) -> Finished | Failed:
         started = time.monotonic()

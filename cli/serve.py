@@ -103,6 +103,23 @@ def serve(
             min=0, help="--generate: requests that may wait while one generates (more get 429; 0: none wait)."
         ),
     ] = 8,
+    queue_per_token: Annotated[
+        int | None,
+        typer.Option(min=1, help="--generate: places one token may hold, running or waiting (default half)."),
+    ] = None,
+    min_temperature: Annotated[
+        float | None,
+        typer.Option(
+            min=0.01,
+            max=2.0,
+            help="--generate: the lowest temperature a request may ask for (default 0.7): lower, the "
+            "text keeps too little randomness to carry the watermark.",
+        ),
+    ] = None,
+    min_top_p: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=1.0, help="--generate: the lowest top_p a request may take (default 0.9)."),
+    ] = None,
     device: Annotated[str, typer.Option(help="--generate: cpu or cuda.")] = "cpu",
     precision: Annotated[
         str,
@@ -138,6 +155,9 @@ def serve(
             "MAX_TOKENS": max_tokens,
             "MAX_PROMPT_TOKENS": max_prompt_tokens,
             "QUEUE": queue,
+            "QUEUE_PER_TOKEN": queue_per_token,
+            "MIN_TEMPERATURE": min_temperature,
+            "MIN_TOP_P": min_top_p,
         }
         os.environ.update({f"WMARK_GENERATE_{k}": str(v) for k, v in variables.items() if v is not None})
     if run_migrations:

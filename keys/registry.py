@@ -380,7 +380,8 @@ class KeyRegistry:
             return self._unseal(row)
 
     def generation_key(self, key_id: str | None = None) -> KeyMaterial:
-        """The key to generate with: `key_id`, or else the only active key.
+        """The key to generate with: `key_id`, or else the only active key wmark generates with
+        (keys of vLLM's schemes are detected, never generated with, so they are no candidates).
 
         Raises:
             KeyRegistryError: no key given and none or several are active.
@@ -388,9 +389,9 @@ class KeyRegistry:
         """
         if key_id is not None:
             return self.material(key_id, for_generation=True)
-        active = self.list_keys("active")
+        active = [k for k in self.list_keys("active") if not k.spec.is_vllm]
         if not active:
-            raise KeyRegistryError("no active key: create one with `wmark keys create NAME`")
+            raise KeyRegistryError("no active key to generate with: create one with `wmark keys create NAME`")
         if len(active) > 1:
             ids = ", ".join(k.key_id for k in active)
             raise KeyRegistryError(f"several active keys ({ids}): choose one with --key")

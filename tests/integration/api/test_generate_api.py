@@ -294,7 +294,7 @@ def test_a_client_that_disconnects_stops_its_generation(gen, gate):
 
 
 def test_a_full_queue_answers_429_with_retry_after(gen, gate):
-    with gen.served(method="basic-uwm", max_queue=1) as srv:
+    with gen.served(method="basic-uwm", max_queue=1, queue_per_token=2) as srv:  # one token, both places
         client = srv.client()
         ask = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 50, "seed": 2}
         gate.release(1)  # a stream's response starts with its first tokens

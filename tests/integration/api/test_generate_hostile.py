@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from wmark.generator import engine
+from wmark.vllm_gumbel import VllmWatermarkConfig
 
 # what the harness (conftest.py: `gen`, `gate`) serves and waits for
 MODEL, PROMPT, WAIT_S = "tiny", "w10 w11 w12 w13 w14 w15 w16 w17 w18 w19", 120
@@ -113,8 +114,9 @@ def test_a_revoked_key_stops_the_running_and_the_queued_generations(gen, gate):
         assert [r.result["finish_reason"] for r in rows] == ["key_revoked"] * 2
         assert 2 <= rows[0].result["completion_tokens"] <= 3 and rows[1].result["completion_tokens"] == 0
         assert all(r.key_ids == (srv.key_id,) for r in rows)
-        with pytest.raises(openai.ConflictError):  # and no new generation under it
-            client.chat.completions.create(**ASK)
+        with pytest.raises(openai.InternalServerError) as caught:  # and no new generation under it:
+            client.chat.completions.create(**ASK)  # the server has no key left, its operator's to fix
+        assert gen.error(caught.value)["code"] == "no_generation_key"
 
 
 def test_an_oversized_prompt_is_refused_before_it_is_tokenised(gen, monkeypatch):
@@ -281,3 +283,81 @@ def test_queue_0_runs_one_generation_and_refuses_the_next_with_agreeing_retry_af
         gate.release(1000)
         gen.until(lambda: srv.generation.current is None, "the model to be free")
         assert client.chat.completions.create(**{**ASK, "max_tokens": 2}).usage.completion_tokens == 2
+
+
+def test_one_token_holds_at_most_its_share_and_a_client_that_leaves_frees_its_place(gen, gate):
+    # the queue's places per token are bounded (one client cannot hold the model), and a waiting
+    # request whose client went away gives its place back at once, not when the worker reaches it
+    with gen.served(method="basic-uwm", max_tokens=100, max_queue=2, queue_per_token=2) as srv:
+        mine, other = (
+            srv.client(),
+            openai.OpenAI(
+                base_url=f"{srv.url}/v1",
+                api_key=srv.registry.tokens.create("generator", "other", actor="test").token,
+                max_retries=0,
+            ),
+        )
+        gate.release(1)
+        running = mine.chat.completions.create(**ASK, stream=True)
+        _read_content(running, 1)
+        waiting = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=WAIT_S)
+        headers = {"Authorization": f"Bearer {srv.tokens['generator']}", "Content-Type": "application/json"}
+        waiting.request("POST", "/v1/chat/completions", json.dumps(ASK), headers)
+        gen.until(lambda: _queue_length(srv) == 1, "a request of mine waiting")
+        with pytest.raises(openai.RateLimitError) as caught:  # my share (2) is taken
+            mine.chat.completions.create(**ASK)
+        assert "this token holds as many places" in gen.error(caught.value)["message"]
+        waiting.close()  # gone while it waits: its place is free before the model is
+        gen.until(lambda: _queue_length(srv) == 0, "the departed request's place to be freed")
+        outcomes, threads = _in_threads(
+            {"other": lambda: other.chat.completions.create(**{**ASK, "max_tokens": 3})}
+        )
+        gen.until(lambda: _queue_length(srv) == 1, "the other token's request waiting")
+        gate.release(1000)
+        list(running)
+        threads[0].join(WAIT_S)
+        assert outcomes["other"].usage.completion_tokens == 3
+        rows = gen.generations(srv.registry)
+        assert sorted(r.result["finish_reason"] for r in rows) == ["cancelled", "length", "length"]
+
+
+def test_sampling_that_leaves_no_randomness_is_refused_and_a_vllm_key_does_not_stop_generation(gen):
+    with gen.served(method="basic-uwm") as srv:
+        client = srv.client()
+        for low in ({"temperature": 0.3}, {"top_p": 1e-9}, {"temperature": 0.01, "top_p": 0.95}):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(**ASK, **low)
+            assert gen.error(caught.value)["code"] == "sampling_below_floor"
+        ok = client.chat.completions.create(**{**ASK, "max_tokens": 3, "temperature": 0.7, "top_p": 0.9})
+        assert ok.usage.completion_tokens == 3
+        # a vLLM deployment's key is detected, never generated with: it is no candidate for the
+        # server's only active key
+        tokenizer = srv.registry.tokenizer_ref(srv.registry.get(srv.key_id).spec.tokenizer.sha256)
+        srv.registry.import_vllm_key("vllm-prod", tokenizer, VllmWatermarkConfig(key=2**63 + 12345))
+        assert client.chat.completions.create(**{**ASK, "max_tokens": 3}).usage.completion_tokens == 3
+        # a second wmark key makes the choice the operator's: 503, no key ids in the answer
+        srv.registry.create_key("second", tokenizer)
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.chat.completions.create(**{**ASK, "max_tokens": 3})
+        assert gen.error(caught.value)["code"] == "no_generation_key"
+        assert "wk_" not in caught.value.response.text
+
+
+def test_a_pinned_key_follows_its_rotation(gen):
+    registry, key_id, _ = gen.setup_registry()
+    registry.close()
+    with gen.served(method="basic-uwm", key_id=key_id) as srv:
+        client = srv.client()
+        assert client.chat.completions.create(**{**ASK, "max_tokens": 3}).usage.completion_tokens == 3
+        successor = srv.registry.rotate(key_id, actor="test")
+        assert client.chat.completions.create(**{**ASK, "max_tokens": 3}).usage.completion_tokens == 3
+        assert gen.generations(srv.registry)[-1].key_ids == (successor.key_id,)
+
+
+def test_a_chat_with_too_many_content_parts_is_refused_before_validation(gen):
+    with gen.served(method="basic-uwm") as srv:
+        parts = [{"type": "text", "text": ""}] * 2000 + [{"type": "text", "text": "w1"}]
+        body = {**ASK, "messages": [{"role": "user", "content": parts}]}
+        with pytest.raises(openai.BadRequestError) as caught:
+            srv.client().chat.completions.create(**body)
+        assert "2001 content parts; the limit is 1024" in gen.error(caught.value)["message"]
