@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from wmark.cli.common import console, err_console, open_registry, print_json
 
@@ -89,10 +90,10 @@ def tail(
         table.add_row(
             str(r.seq),
             f"{r.at:%Y-%m-%d %H:%M:%S}",
-            r.actor,
-            r.action,
-            ",".join(r.key_ids),
+            Text(r.actor),  # an actor is a login or token name: its brackets are not markup
+            Text(r.action),
+            Text(",".join(r.key_ids)),
             (r.text_sha256 or "")[:12],
-            summary,
+            Text(summary),
         )
     console.print(table)

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, err_console, fail, open_registry, print_json
@@ -211,7 +212,7 @@ def _table(results: list[Detection]) -> None:
     table = Table("source", "verdict", "p-value", "scored / tokens", "key")
     for r in results:
         table.add_row(
-            r.source or "",
+            Text(r.source or ""),  # a file name: its brackets are not markup
             f"[{colour[r.verdict]}]{r.verdict}[/]",
             f"{r.p_value:.3g}" if r.p_value > 0 else f"e^{r.log_p:.1f}",
             f"{r.n_scored} / {r.n_tokens}",

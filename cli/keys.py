@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, embedded_tokenizer_loader, open_registry, print_json
@@ -29,10 +31,10 @@ def _show(info: KeyInfo, as_json: bool) -> None:
         print_json(info.to_dict())
         return
     spec = info.spec
-    console.print(f"[bold]{info.key_id}[/]  {info.name}  ({info.status})", highlight=False)
+    console.print(f"[bold]{info.key_id}[/]  {escape(info.name)}  ({info.status})", highlight=False)
     console.print(f"  fingerprint   {info.fingerprint}", highlight=False)
     console.print(
-        f"  tokenizer     {spec.tokenizer.name} sha256:{spec.tokenizer.sha256[:12]}"
+        f"  tokenizer     {escape(spec.tokenizer.name)} sha256:{spec.tokenizer.sha256[:12]}"
         f" vocab {spec.tokenizer.vocab_size}",
         highlight=False,
     )
@@ -167,10 +169,10 @@ def list_keys(
     for i in infos:
         table.add_row(
             i.key_id,
-            i.name,
+            Text(i.name),  # names are the user's: their brackets are not markup
             i.status,
             i.fingerprint,
-            i.spec.tokenizer.name,
+            Text(i.spec.tokenizer.name),
             str(i.spec.context_width),
             f"{i.created_at:%Y-%m-%d %H:%M}",
         )

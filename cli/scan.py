@@ -314,7 +314,9 @@ def _table(summary: ScanSummary) -> None:
         "error": "red",
     }
     table = Table(
-        "verdict", "documents", title=f"scan of {summary.documents:,} documents -> {summary.output}"
+        "verdict",
+        "documents",
+        title=f"scan of {summary.documents:,} documents -> {escape(str(summary.output))}",
     )
     for verdict, count in summary.by_verdict.items():
         table.add_row(f"[{colour.get(verdict, 'white')}]{verdict}[/]", f"{count:,}")

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, err_console, open_registry, print_json
@@ -56,10 +57,10 @@ def list_tokens(
     for i in infos:
         table.add_row(
             i.token_id,
-            i.name,
+            Text(i.name),  # names and actors are the user's: their brackets are not markup
             i.role,
             f"{i.created_at:%Y-%m-%d %H:%M}",
-            i.created_by,
+            Text(i.created_by),
             f"{i.revoked_at:%Y-%m-%d %H:%M}" if i.revoked_at else "",
         )
     console.print(table)

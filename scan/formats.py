@@ -279,6 +279,9 @@ def _jsonl(stream: IO[bytes], field: str, limits: ReadLimits, decompressed: bool
         except json.JSONDecodeError as exc:
             yield Record(doc_id, None, f"invalid JSON ({exc.msg} at column {exc.colno})")
             continue
+        except ValueError:  # an integer past Python's 4,300-digit conversion limit
+            yield Record(doc_id, None, "invalid JSON (a number too long to read)")
+            continue
         if not isinstance(obj, dict):
             yield Record(doc_id, None, f"not a JSON object ({type(obj).__name__})")
         elif field not in obj:

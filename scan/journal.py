@@ -215,19 +215,24 @@ class Journal:
                     yield json.loads(line)
 
     def add(self, rows: Sequence[ScanRow]) -> None:
-        """Buffer rows (written and made durable by the next `commit`)."""
+        """Buffer rows (written and made durable by the next `commit`): all of them, or none
+        where one cannot be written, so that the buffer and its row count agree."""
+        values = [{k: _utf8(v) for k, v in row.to_dict(self.columns).items()} for row in rows]
         if self.format == "csv":
             text = io.StringIO(newline="")
             writer = csv.writer(text, lineterminator="\n")
+            # a bare \r is no line end to a writer ending lines with \n, so it would not quote the
+            # field, and every reader would split the row there: such a row is quoted whole
+            quoted = csv.writer(text, lineterminator="\n", quoting=csv.QUOTE_ALL)
             if self._committed_bytes == 0 and self._buffered_rows == 0 and self._buffer.tell() == 0:
                 writer.writerow(self.columns)
-            for row in rows:
-                writer.writerow(["" if v is None else v for v in row.to_dict(self.columns).values()])
-            self._buffer.write(text.getvalue().encode("utf-8"))
+            for row in values:
+                cells = ["" if v is None else v for v in row.values()]
+                (quoted if any(isinstance(v, str) and "\r" in v for v in cells) else writer).writerow(cells)
+            data = text.getvalue().encode("utf-8")
         else:
-            for row in rows:
-                line = json.dumps(row.to_dict(self.columns), ensure_ascii=False)
-                self._buffer.write(line.encode("utf-8") + b"\n")
+            data = b"".join(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n" for row in values)
+        self._buffer.write(data)
         self._buffered_rows += len(rows)
         self.tally.add(row.to_dict() for row in rows)
 
@@ -321,3 +326,19 @@ class Journal:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+def _utf8(value: object) -> object:
+    """`value`, a string made writable as UTF-8: the bytes of a file name that are not UTF-8
+    (which Python holds as lone surrogates) as \\xNN, any other lone surrogate (from a JSON
+    key, say) as \\uNNNN. A name that is valid UTF-8 is written as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value

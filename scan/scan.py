@@ -196,6 +196,7 @@ def prepare_scan(
     out = out.expanduser().absolute()
     fmt = output_format(out)
     own = [str(out.with_name(out.name + s)) for s in ("", ".manifest.json", ".spool.jsonl", ".lock")]
+    _check_output_not_named(urls, own)
     source: FileSource | SqlSource = (
         SqlSource(sql, query or "") if sql is not None else FileSource(urls, options, exclude=own)
     )
@@ -248,6 +249,17 @@ def _check_sources(urls: Sequence[str], sql: str | None, query: str | None) -> N
         raise InputError("--sql and --query go together")
     if sql is not None and urls:
         raise InputError("scan either URLs or a --sql query, not both")
+
+
+def _check_output_not_named(urls: Sequence[str], own: Sequence[str]) -> None:
+    """`InputError` if an input named on the command line is one of the scan's own files: the
+    output would replace it (with --overwrite, delete it). A folder or glob that holds them is
+    fine: the source leaves them out."""
+    mine = {os.path.realpath(p) for p in own}
+    for url in urls:
+        path = url.removeprefix("file://")
+        if "://" not in path and os.path.realpath(os.path.expanduser(path)) in mine:
+            raise InputError(f"--out (or its manifest, spool or lock) is the input {url}: write elsewhere")
 
 
 def _needed_tokenizers(keys: Sequence[KeyMaterial], tokenizers: dict[str, bytes]) -> list[str]:
