@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -31,8 +32,8 @@ err_console = Console(stderr=True)
 
 
 class WmarkGroup(TyperGroup):
-    """Root command group: every `WmarkError`, and a database that does not answer (in time),
-    becomes one line on stderr and exit code 2."""
+    """Root command group: every `WmarkError`, a database that does not answer (in time) and an
+    operating-system error (a full disk or stdout) become one line on stderr and exit code 2."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -43,6 +44,12 @@ class WmarkGroup(TyperGroup):
             # the driver's first line (it names the host, never the password); not the SQL
             cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
             raise fail(f"the database is unavailable: {cause[0] if cause else type(exc).__name__}") from None
+        except BrokenPipeError:  # the reader of stdout went away (`| head`): nothing to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            raise typer.Exit(1) from None
+        except OSError as exc:  # a full disk or stdout, a file that cannot be written: one line
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise fail(f"{where}{exc.strerror or exc}") from None
 
 
 def open_registry() -> KeyRegistry:

@@ -74,10 +74,22 @@ def _read_generation(source: str, max_bytes: int) -> tuple[list[int], list[int],
         ) from None
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise InputError(f"{source} is not the output of `wmark generate --json` ({exc})") from None
-    ids = [*prompt, *tokens]
-    if not tokens or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        raise InputError(f"{source} is not the output of `wmark generate --json` (number too long)") from None
+    ids = [*prompt, *tokens] if isinstance(prompt, list) and isinstance(tokens, list) else [None]
+    if not tokens or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**32 for i in ids):
         raise InputError(f"{source}: prompt_ids and token_ids must be lists of token IDs (answer not empty)")
-    return list(prompt), list(tokens), str(text)
+    if not isinstance(text, str) or _not_unicode(text):
+        raise InputError(f"{source}: text must be a string of valid Unicode")
+    return list(prompt), list(tokens), text
+
+
+def _not_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def detect(

@@ -101,6 +101,10 @@ def _uint32(ids: list[int]) -> npt.NDArray[np.uint32]:
 _U32 = next(code for code in "ILH" if array.array(code).itemsize == 4)  # "I" on every usual ABI
 
 
+MAX_TOKENIZER_BYTES = 64 << 20
+"""The largest tokenizer.json `read_tokenizer_source` reads (large vocabularies' are ~10-30 MB)."""
+
+
 def read_tokenizer_source(source: str, embedded: Callable[[], bytes] | None = None) -> tuple[bytes, str]:
     """Resolve a `--tokenizer` argument to (tokenizer.json bytes, name).
 
@@ -126,11 +130,15 @@ def read_tokenizer_source(source: str, embedded: Callable[[], bytes] | None = No
         raise TokenizerError(
             f"no tokenizer at {source!r}: give 'embedded', a tokenizer.json file or a model directory"
         )
+    if path.stat().st_size > MAX_TOKENIZER_BYTES:  # read whole below: bounded first
+        raise TokenizerError(f"{source} is over {MAX_TOKENIZER_BYTES >> 20} MiB: not a tokenizer.json file")
     data = path.read_bytes()
     try:
         json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"{source} is not a tokenizer.json file: {exc}") from exc
+        raise TokenizerError(f"{source} is not a tokenizer.json file: {exc}") from None
+    except (ValueError, RecursionError):  # a number past 4,300 digits; the parser's depth guard
+        raise TokenizerError(f"{source} is not a tokenizer.json file (hostile JSON)") from None
     TextTokenizer(data, path.stem)  # fail now, not at first detection
     name = path.parent.name if path.name == "tokenizer.json" and path.parent.name else path.stem
     return data, name

@@ -166,8 +166,15 @@ class Journal:
         self._data = open(self.data_path, "w+b")  # noqa: SIM115  # held until close()
 
     def _reopen(self) -> None:
-        manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
-        if manifest.get("version") != MANIFEST_VERSION:
+        try:
+            self._resume_from(json.loads(self.manifest_path.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # edited by hand, cut short
+            raise InputError(
+                f"{self.manifest_path} or its data file is damaged: --overwrite to start the scan again"
+            ) from None
+
+    def _resume_from(self, manifest: Any) -> None:
+        if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
             raise InputError(f"{self.manifest_path}: not a manifest this version of wmark can resume")
         if manifest["settings"] != self.settings:
             changed = sorted(
@@ -246,7 +253,11 @@ class Journal:
         if self._buffer.tell() == 0:
             return
         assert self._data is not None
+        # from the last committed byte, not the end: a retry after a failed write or fsync
+        # rewrites the same rows instead of appending them a second time
+        self._data.seek(self._committed_bytes)
         self._data.write(self._buffer.getvalue())
+        self._data.truncate()
         self._data.flush()
         os.fsync(self._data.fileno())
         self._committed_bytes = self._data.tell()

@@ -37,6 +37,10 @@ def size_text(n: int) -> str:
     return f"{n:,} bytes"
 
 
+MAX_DOC_BYTES_LIMIT = 1 << 30
+"""The largest `--max-doc-bytes` (past it a document only becomes a MemoryError row)."""
+
+
 @dataclass(frozen=True)
 class ReadLimits:
     """The bounds of a scan (see the module docstring).
@@ -50,8 +54,11 @@ class ReadLimits:
     max_ratio: int = DEFAULT_MAX_RATIO
 
     def __post_init__(self) -> None:
-        if self.max_doc_bytes < 1:
-            raise InputError(f"--max-doc-bytes must be >= 1, got {self.max_doc_bytes}")
+        if not 1 <= self.max_doc_bytes <= MAX_DOC_BYTES_LIMIT:
+            raise InputError(
+                f"--max-doc-bytes must be between 1 and {MAX_DOC_BYTES_LIMIT} (1 GiB: a document "
+                f"takes ~130 bytes of memory per byte to detect), got {self.max_doc_bytes}"
+            )
         if self.max_ratio < 1:
             raise InputError(f"--max-ratio must be >= 1, got {self.max_ratio}")
 

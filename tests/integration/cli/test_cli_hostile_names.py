@@ -1,12 +1,15 @@
-"""Hostile names and records on the command line, each found by a review and pinned: file names
-that are not UTF-8 or hold a carriage return, an output that is its own input, a JSON number
-too long to read, and brackets that Rich would take for markup."""
+"""Hostile names, records and outputs on the command line, each found by a review and pinned:
+file names that are not UTF-8 or hold a carriage return, an output that is its own input, JSON
+too long or too deep to read, brackets that Rich would take for markup, a damaged manifest, a
+retried commit, and a full stdout: one line and exit 2, never a traceback or lost rows."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +111,57 @@ def test_brackets_in_names_are_printed_as_they_are(tmp_path, key_id, word_tokeni
     assert _invoke("detect", str(doc), env={"USER": "e[/]", "LOGNAME": "e[/]"}).exit_code == 0
     tail = _invoke("audit", "tail")
     assert tail.exit_code == 0 and "e[/]" in tail.stdout, tail.output
+
+
+def test_hostile_inputs_of_other_commands_are_one_line_and_exit_2(tmp_path, key_id):
+    record = tmp_path / "rec.json"
+    record.write_text('{"prompt_ids": [], "token_ids": [' + "9" * 5000 + '], "text": "x"}')
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 100_000)
+    for args, message in (
+        (("detect", "--generation", str(record)), "number too long"),
+        (("keys", "create", "n", "--tokenizer", str(nested)), "is not a tokenizer.json file"),
+        (("scan", str(nested), "--out", str(tmp_path / "o.jsonl"), "--max-doc-bytes", str(10**20)), "1 GiB"),
+    ):
+        result = _invoke(*args)
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, args
+
+
+def test_a_damaged_manifest_is_one_line_and_a_retried_commit_writes_its_rows_once(
+    tmp_path, key_id, monkeypatch
+):
+    from wmark.scan.journal import Journal
+    from wmark.scan.rows import ScanRow
+
+    out = tmp_path / "o.jsonl"
+    journal = Journal.open(out, settings={"s": 1})
+    journal.add([ScanRow.failed("a", "", "x"), ScanRow.failed("b", "", "y")])
+    real, failed = os.fsync, []
+
+    def fsync_failing_once(fd: int) -> None:
+        if not failed:
+            failed.append(fd)
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_failing_once)
+    with pytest.raises(OSError):
+        journal.commit()
+    journal.commit()  # the retry: it appended the rows a second time
+    journal.close()
+    assert len(out.read_text().splitlines()) == 2
+    manifest = out.with_name(out.name + ".manifest.json")
+    version = json.loads(manifest.read_text())["version"]
+    manifest.write_text(json.dumps({"version": version, "settings": 5}))  # edited by hand
+    result = _invoke("scan", str(tmp_path / "none"), "--out", str(out), "--resume")
+    assert result.exit_code == 2 and "damaged" in result.output and "Traceback" not in result.output, (
+        result.output
+    )
+
+
+def test_a_full_stdout_is_one_line_on_stderr(tmp_path, key_id):
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "wmark.cli", "keys", "list"], stdout=full, stderr=subprocess.PIPE
+        )
+    assert done.returncode == 2 and done.stderr.decode().strip() == "error: No space left on device"
