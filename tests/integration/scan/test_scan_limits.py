@@ -324,7 +324,7 @@ def test_a_scan_with_bombs_writes_one_row_each_and_pins_its_limits(
         scan(options=other, resume=True, **kw)
 
 
-@pytest.mark.parametrize(("doc", "ratio"), [(0, 1), (1, 0)])
-def test_limits_must_be_positive(doc, ratio):
-    with pytest.raises(InputError, match="must be >= 1"):
+@pytest.mark.parametrize(("doc", "ratio"), [(0, 1), (1, 0), (2**30 + 1, 1)])
+def test_limits_must_be_positive_and_a_document_at_most_1_gib(doc, ratio):
+    with pytest.raises(InputError, match="must be >= 1|must be between 1 and 1073741824"):
         ReadLimits(doc, ratio)
