@@ -25,6 +25,7 @@ from wmark.keys.tokens import TokenRejected
 
 __all__ = [
     "AUTHENTICATED",
+    "DATABASE_UNAVAILABLE",
     "BodyTooLarge",
     "Forbidden",
     "RateLimited",
@@ -156,10 +157,14 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, code, str(exc.detail), headers)
 
 
+DATABASE_UNAVAILABLE = (503, "database_unavailable", "the database is unavailable; try again later")
+"""(status, code, message) of a database that did not answer: the driver's message can hold SQL
+and parameters, so it is logged, never returned (a stream's error event says the same)."""
+
+
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
-    # the message of a driver error can hold SQL and parameters: logged, not returned
     log.error("database error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-    return error_response(503, "database_unavailable", "the database is unavailable; try again later")
+    return error_response(*DATABASE_UNAVAILABLE)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from wmark.api.deps import AdmittedRoute, require
+from wmark.api.errors import DATABASE_UNAVAILABLE
 from wmark.api.generate_settings import GenerationSettings
 from wmark.api.generation import Event, Failed, Finished, Generation, Job, Tokens, served_sampler
 from wmark.api.openai_errors import error_type
@@ -334,13 +335,12 @@ async def _stream(job: Job, first: Event, reply: _Reply, *, include_usage: bool)
                 if text:
                     yield sse(reply.chunk(text))
                 continue
-            if isinstance(event, Failed):
+            if isinstance(event, Failed):  # as the non-streamed route answers it (`Failed`)
                 error = event.error
-                status = error.status if isinstance(error, WmarkError) else 500
-                message = (
-                    str(error) if isinstance(error, WmarkError) else "internal error (logged on the server)"
-                )
-                code = error.code if isinstance(error, WmarkError) else "internal_error"
+                if isinstance(error, WmarkError):
+                    status, code, message = error.status, error.code, str(error)
+                else:  # the database's error: the worker lets no other kind through
+                    status, code, message = DATABASE_UNAVAILABLE
                 yield sse(error_chunk(message, error_type(status), code))
                 return
             assert isinstance(event, Finished)

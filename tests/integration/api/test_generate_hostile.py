@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from wmark.generator import engine
 from wmark.vllm_gumbel import VllmWatermarkConfig
@@ -361,3 +362,19 @@ def test_a_chat_with_too_many_content_parts_is_refused_before_validation(gen):
         with pytest.raises(openai.BadRequestError) as caught:
             srv.client().chat.completions.create(**body)
         assert "2001 content parts; the limit is 1024" in gen.error(caught.value)["message"]
+
+
+def test_a_stream_whose_audit_row_cannot_be_written_ends_with_the_services_503_error(gen, gate, monkeypatch):
+    # the text has reached the client; the database failing at the end is told as the
+    # non-streamed route tells it (503 database_unavailable), not as an internal error
+    with gen.served(method="basic-uwm") as srv:
+        gate.release(1000)
+
+        def unreachable(*_entries: Any, **_options: Any) -> Any:
+            raise OperationalError("INSERT", {}, Exception("database is locked"))
+
+        monkeypatch.setattr(srv.generation.registry.audit, "append", unreachable)
+        with pytest.raises(openai.APIError) as caught:
+            list(srv.client().chat.completions.create(**{**ASK, "max_tokens": 3}, stream=True))
+        assert caught.value.body["code"] == "database_unavailable"
+        assert caught.value.body["type"] == "server_error"
