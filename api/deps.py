@@ -38,6 +38,7 @@ __all__ = [
     "AuditorToken",
     "DetectorToken",
     "RoleRequired",
+    "decoded_body",
     "Service",
     "ServiceDep",
     "get_service",
@@ -105,6 +106,15 @@ def require(role: Role, *, cached: bool = False) -> RoleRequired:
     revocation in the transaction of their audit row (the detection routes).
     """
     return RoleRequired(role, cached=cached)
+
+
+async def decoded_body(request: Request) -> object:
+    """The body as FastAPI decoded it (Starlette keeps it), or None where it is not JSON: for
+    dependencies that bound a request's work before FastAPI validates its body."""
+    try:
+        return await request.json()
+    except (ValueError, RecursionError):  # not JSON: the route's validation answers it
+        return None
 
 
 class AdmittedRoute(APIRoute):

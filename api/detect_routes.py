@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from sqlalchemy.orm import Session
 
 from wmark.api.admission import reject
-from wmark.api.deps import AdmittedRoute, DetectorToken, Service, ServiceDep
+from wmark.api.deps import AdmittedRoute, DetectorToken, Service, ServiceDep, decoded_body
 from wmark.api.detectors import KeysChanged, KeySet
 from wmark.api.errors import AUTHENTICATED, TextTooLong, documented
 from wmark.api.schemas import BatchRequest, BatchResponse, DetectItem, DetectRequest, DetectResponse
@@ -92,23 +92,15 @@ def _length(value: object) -> int:
     return len(value) if isinstance(value, list) else 0
 
 
-async def _decoded(request: Request) -> object:
-    """The body as FastAPI decoded it (Starlette keeps it), or None where it is not JSON."""
-    try:
-        return await request.json()
-    except (ValueError, RecursionError):  # not JSON: the route's validation answers it
-        return None
-
-
 async def bounded_detect(request: Request, service: ServiceDep) -> None:
     """POST /v1/detect's body within the limits (`check_sizes`): a dependency after admission,
     which FastAPI resolves before it validates the body."""
-    check_sizes(service.settings, [await _decoded(request)])
+    check_sizes(service.settings, [await decoded_body(request)])
 
 
 async def bounded_batch(request: Request, service: ServiceDep) -> None:
     """POST /v1/detect/batch's items within the limits, as `bounded_detect`."""
-    body = await _decoded(request)
+    body = await decoded_body(request)
     items = body.get("items") if isinstance(body, dict) else None
     check_sizes(service.settings, items if isinstance(items, list) else [])
 

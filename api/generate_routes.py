@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from wmark.api.deps import AdmittedRoute, require
+from wmark.api.deps import AdmittedRoute, decoded_body, require
 from wmark.api.errors import DATABASE_UNAVAILABLE
 from wmark.api.generate_settings import GenerationSettings
 from wmark.api.generation import Event, Failed, Finished, Generation, Job, Tokens, served_sampler
@@ -90,10 +90,7 @@ empty parts each (960 KB, under the body limit) held every other route for ~4 s.
 async def bounded_chat(request: Request) -> None:
     """POST /v1/chat/completions's content parts within `MAX_CONTENT_PARTS` (a dependency after
     admission, which FastAPI resolves before it validates the body)."""
-    try:
-        body = await request.json()  # FastAPI's decoding, which Starlette keeps
-    except (ValueError, RecursionError):  # not JSON: validation answers it
-        return
+    body = await decoded_body(request)
     messages = body.get("messages") if isinstance(body, dict) else None
     parts = sum(
         len(content)

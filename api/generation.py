@@ -225,10 +225,10 @@ class Generation:
         self.current: Job | None = None  # the job generating now (tests watch it)
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._waiting = 0  # jobs in the queue
-        self._admitted = 0  # jobs in the queue or running
-        self._per_token: Counter[str] = Counter()  # of those, per token
-        self._queued: set[Job] = set()  # the jobs waiting (not withdrawn, not yet taken)
+        # under the lock: the jobs waiting (not withdrawn, not yet taken), and the places held
+        # (waiting or running) per token
+        self._queued: set[Job] = set()
+        self._per_token: Counter[str] = Counter()
         self.tokenising_threads = TOKENISING_THREADS
         self._tokeniser = ThreadPoolExecutor(TOKENISING_THREADS, thread_name_prefix="wmark-tokenise")
         self._mean_seconds = 1.0  # moving average of generation times, for Retry-After
@@ -306,21 +306,20 @@ class Generation:
         """Queue `job`, or raise `QueueFull`."""
         with self._lock:
             self._refuse_if_full(job.token_id)
-            self._admitted += 1
             self._per_token[job.token_id] += 1
-            self._waiting += 1
             self._queued.add(job)
-            self.metrics.queue_length.set(self._waiting)
+            self.metrics.queue_length.set(len(self._queued))
         job.on_cancel = self._withdraw
         self._jobs.put(job)
 
     def _refuse_if_full(self, token_id: str) -> None:
         """Under the lock: one job may run and `max_queue` wait behind it, at most
         `queue_per_token` of them one token's."""
-        if self._admitted >= self.settings.max_queue + 1:
-            raise QueueFull(self._mean_seconds * self._admitted, self._waiting)
+        admitted, waiting = self._per_token.total(), len(self._queued)
+        if admitted >= self.settings.max_queue + 1:
+            raise QueueFull(self._mean_seconds * admitted, waiting)
         if self._per_token[token_id] >= (self.settings.queue_per_token or 1):
-            raise QueueFull(self._mean_seconds * self._per_token[token_id], self._waiting, mine=True)
+            raise QueueFull(self._mean_seconds * self._per_token[token_id], waiting, mine=True)
 
     def _withdraw(self, job: Job) -> None:
         """A waiting job's client went away: its place is free now (the worker skips it)."""
@@ -329,12 +328,10 @@ class Generation:
                 return
             self._queued.discard(job)
             self._release(job)
-            self._waiting -= 1
-            self.metrics.queue_length.set(self._waiting)
+            self.metrics.queue_length.set(len(self._queued))
 
     def _release(self, job: Job) -> None:
         """Under the lock: `job` no longer holds a place."""
-        self._admitted -= 1
         self._per_token[job.token_id] -= 1
         if not self._per_token[job.token_id]:
             del self._per_token[job.token_id]
@@ -360,9 +357,7 @@ class Generation:
             with self._lock:
                 withdrawn = job not in self._queued
                 self._queued.discard(job)
-                if not withdrawn:
-                    self._waiting -= 1
-                    self.metrics.queue_length.set(self._waiting)
+                self.metrics.queue_length.set(len(self._queued))
             if withdrawn:  # its client left while it waited: on record, as any cancelled job
                 self._record_withdrawn(job)
                 continue

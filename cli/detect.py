@@ -16,6 +16,7 @@ from wmark.cli.audit import cli_actor
 from wmark.cli.common import console, err_console, fail, open_registry, print_json
 from wmark.cli.options import KeyIds
 from wmark.detector import Detection, Detector
+from wmark.detector.checks import check_unicode
 from wmark.detector.receipt import detection_claims
 from wmark.errors import InputError
 from wmark.keys.audit import detection_entry, text_digest
@@ -79,17 +80,13 @@ def _read_generation(source: str, max_bytes: int) -> tuple[list[int], list[int],
     ids = [*prompt, *tokens] if isinstance(prompt, list) and isinstance(tokens, list) else [None]
     if not tokens or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**32 for i in ids):
         raise InputError(f"{source}: prompt_ids and token_ids must be lists of token IDs (answer not empty)")
-    if not isinstance(text, str) or _not_unicode(text):
-        raise InputError(f"{source}: text must be a string of valid Unicode")
-    return list(prompt), list(tokens), text
-
-
-def _not_unicode(text: str) -> bool:
+    if not isinstance(text, str):
+        raise InputError(f"{source}: text must be a string")
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
+        check_unicode(text)
+    except InputError as exc:
+        raise InputError(f"{source}: {exc}") from None
+    return list(prompt), list(tokens), text
 
 
 def detect(

@@ -25,15 +25,6 @@ def _invoke(*args: str, env: dict[str, str] | None = None):
     return runner.invoke(app, list(args), env=env)
 
 
-@pytest.fixture()
-def key_id(tmp_path: Path, word_tokenizer_json: bytes) -> str:
-    path = tmp_path / "tokenizer.json"
-    path.write_bytes(word_tokenizer_json)
-    result = _invoke("keys", "create", "k", "--tokenizer", str(path))
-    assert result.exit_code == 0, result.output
-    return result.stdout.strip()
-
-
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
 def test_a_file_name_that_is_not_utf8_is_scanned_and_written_escaped(tmp_path, key_id, suffix):
     # os.walk hands such a name over with lone surrogates, which strict UTF-8 refused: the whole

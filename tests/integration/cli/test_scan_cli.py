@@ -32,15 +32,6 @@ def _invoke(*args: str):
     return runner.invoke(app, list(args), catch_exceptions=False)
 
 
-@pytest.fixture()
-def key_id(tmp_path: Path, word_tokenizer_json: bytes) -> str:
-    path = tmp_path / "tokenizer.json"
-    path.write_bytes(word_tokenizer_json)
-    result = _invoke("keys", "create", "scan-test", "--tokenizer", str(path))
-    assert result.exit_code == 0, result.output
-    return result.stdout.strip()
-
-
 def _marked(key_id: str, planted, seed: int) -> str:
     with KeyRegistry.open(RegistryConfig.from_env()) as registry:
         key = registry.material(key_id)
