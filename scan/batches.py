@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from wmark.detector.checks import check_unicode
 from wmark.errors import InputError
-from wmark.scan.limits import ReadLimits
+from wmark.scan.limits import ReadLimits, utf8_over
 from wmark.scan.rows import ScanRow
 from wmark.scan.sources import Document
 from wmark.scan.workers import Batch
@@ -68,7 +68,7 @@ def tasks(
         task.nbytes += doc.nbytes
         if doc.error is not None or doc.text is None:
             task.rows.append(ScanRow.failed(doc.source, doc.doc_id, doc.error or "unreadable"))
-        elif _utf8_over(doc.text, limits.max_doc_bytes):
+        elif utf8_over(doc.text, limits.max_doc_bytes):
             task.rows.append(ScanRow.failed(doc.source, doc.doc_id, limits.too_big("text")))
         elif not doc.text.strip():
             task.rows.append(ScanRow.failed(doc.source, doc.doc_id, "the text is empty"))
@@ -87,15 +87,6 @@ def tasks(
     if task.rows:
         task.work = tuple(work)
         yield task
-
-
-def _utf8_over(text: str, limit: int) -> bool:
-    # Bounds tokens before tokenisation too: a tokenizer makes at most about one per UTF-8 byte.
-    if len(text) > limit:  # a character takes at least one byte
-        return True
-    if len(text) * 4 <= limit or text.isascii():  # at most four
-        return False
-    return len(text.encode("utf-8", "surrogatepass")) > limit
 
 
 def _not_unicode(text: str) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from wmark.errors import InputError
 
-__all__ = ["DEFAULT_MAX_DOC_BYTES", "DEFAULT_MAX_RATIO", "OverLimit", "ReadLimits", "size_text"]
+__all__ = ["DEFAULT_MAX_DOC_BYTES", "DEFAULT_MAX_RATIO", "OverLimit", "ReadLimits", "size_text", "utf8_over"]
 
 DEFAULT_MAX_DOC_BYTES = 4 << 20
 DEFAULT_MAX_RATIO = 200  # text compresses 3-15x; gzip bombs reach ~1000x, bzip2 and xz far more
@@ -35,6 +35,16 @@ def size_text(n: int) -> str:
             value = n / (1 << shift)
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{n:,} bytes"
+
+
+def utf8_over(text: str, limit: int) -> bool:
+    """Whether `text` is more than `limit` bytes in UTF-8, encoding it only when its length
+    cannot decide (a character takes one to four bytes)."""
+    if len(text) > limit:
+        return True
+    if len(text) * 4 <= limit or text.isascii():
+        return False
+    return len(text.encode("utf-8", "surrogatepass")) > limit
 
 
 MAX_DOC_BYTES_LIMIT = 1 << 30

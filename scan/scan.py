@@ -198,7 +198,9 @@ def prepare_scan(
     own = [str(out.with_name(out.name + s)) for s in ("", ".manifest.json", ".spool.jsonl", ".lock")]
     _check_output_not_named(urls, own)
     source: FileSource | SqlSource = (
-        SqlSource(sql, query or "") if sql is not None else FileSource(urls, options, exclude=own)
+        SqlSource(sql, query or "", options.limits)
+        if sql is not None
+        else FileSource(urls, options, exclude=own)
     )
     try:
         settings = _settings(source, urls, query, options, keys, alpha, min_window, fmt)

@@ -198,7 +198,9 @@ class FileSource:
                     if _hidden(name[len(root) :]) or (_is_zip(fs) and _leaves_archive(name)):
                         continue
                     if _is_local(fs) and found[name].get("islink"):  # listed with its own lstat
-                        if os.path.isfile(name) and self._inside(name, os.path.realpath(root or "/")):
+                        if not os.path.exists(name):
+                            self._dangling(name)
+                        elif os.path.isfile(name) and self._inside(name, os.path.realpath(root or "/")):
                             yield name, os.path.getsize(name), False, {}
                     elif found[name].get("type") in readable:
                         yield name, int(found[name].get("size") or 0), False, found[name]
@@ -248,6 +250,12 @@ class FileSource:
         self.unlisted.append(Document(os.path.abspath(path), "", None, message, 0))
         return False
 
+    def _dangling(self, path: str) -> None:
+        """A symbolic link whose target is missing: an error document, so the scan's count
+        still holds every name it listed (a store restored without its link targets shows)."""
+        message = "a symbolic link to a missing file, not read"
+        self.unlisted.append(Document(os.path.abspath(path), "", None, message, 0))
+
     def _walk_local(self, root: str) -> Iterator[tuple[str, int, bool, dict[str, Any]]]:
         def unlisted(exc: OSError) -> None:
             where = os.path.abspath(exc.filename or root)
@@ -275,6 +283,8 @@ class FileSource:
                 try:
                     found = os.stat(path)
                 except FileNotFoundError:  # a dangling link, or gone since the listing
+                    if os.path.islink(path):
+                        self._dangling(path)
                     continue
                 except OSError:
                     yield path, 0, False, {}  # reading it will report why

@@ -25,6 +25,7 @@ from sqlalchemy import create_engine, text
 
 from wmark.errors import InputError
 from wmark.scan.formats import visible_text
+from wmark.scan.limits import ReadLimits
 from wmark.scan.sources import FileSource, SourceOptions
 from wmark.scan.sql_source import SqlSource
 
@@ -345,6 +346,48 @@ def test_sql_errors_fail_before_scanning(sql_url):
         assert source.count() == 2501  # the DELETE was rolled back
 
 
+def test_sql_text_over_the_limit_never_leaves_the_database(sql_url):
+    # 8 MiB of text in one row, a 64 KiB limit: the database withholds it, so no Python string
+    # of it is ever built. tracemalloc sees every str and bytes the driver makes (sqlite3 and
+    # psycopg build them in Python objects); the peak bound of 2 MiB leaves room for the 16-row
+    # fetch buffers of the small rows (FETCH_BUDGET // (4 x 64 KiB) = 1000 rows of ~20 bytes)
+    # and is a quarter of the withheld text.
+    import tracemalloc
+
+    engine = create_engine(sql_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO posts (id, body, kind) VALUES (:id, :body, 'big')"),
+            [{"id": 10_001, "body": "w " * (4 << 20)}, {"id": 10_002, "body": "\u00e9" * 40_000}],
+        )
+    engine.dispose()
+    limits = ReadLimits(max_doc_bytes=64 << 10)
+    with SqlSource(
+        sql_url, "SELECT id, body FROM posts WHERE id > 2400 ORDER BY id -- trailing note", limits
+    ) as source:
+        tracemalloc.start()
+        try:
+            docs = list(source.documents())
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    by_id = {d.doc_id: d for d in docs}
+    assert by_id["10001"].text is None and by_id["10001"].error == "text over --max-doc-bytes (64 KiB)"
+    # 40,000 characters pass the database's length() but are 80,000 bytes in UTF-8: caught here
+    assert by_id["10002"].text is None and by_id["10002"].error == "text over --max-doc-bytes (64 KiB)"
+    assert by_id["2401"].text == "post number 2401" and len(docs) == 103
+    assert peak < 2 << 20, peak
+
+
+def test_sql_text_column_that_is_not_text_fails_before_scanning(pg_url):
+    engine = create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE nums (id INTEGER PRIMARY KEY, n INTEGER)"))
+    engine.dispose()
+    with pytest.raises(InputError, match="second column has no length.*must be text or bytes"):
+        SqlSource(pg_url, "SELECT id, n FROM nums")
+
+
 def test_sql_password_never_appears_in_the_source_label(pg_url):
     url = pg_url.replace("postgres@", "postgres:hunter2@")
     with SqlSource(url, "SELECT 1, 'x'") as source:
@@ -385,6 +428,21 @@ def test_a_corrupt_member_of_a_zip_archive_is_an_error_document(tmp_path):
     assert docs[(f"zip://docs/a.txt::{archive}", "")] == ("a good member", None)
     text, error = docs[(f"zip://docs/b.txt::{archive}", "")]
     assert text is None and error is not None and "BadZipFile" in error
+
+
+def test_dangling_links_are_error_documents(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.txt").write_text("inside", encoding="utf-8")
+    (root / "gone.txt").symlink_to(root / "deleted.txt")  # its target never existed
+    missing = "a symbolic link to a missing file, not read"
+    for url in (str(root), str(root / "*.txt")):
+        for options in (OPTIONS, SourceOptions(follow_links=True)):
+            docs = _docs(FileSource([url], options))
+            assert docs == {
+                (str(root / "a.txt"), ""): ("inside", None),
+                (str(root / "gone.txt"), ""): (None, missing),
+            }, (url, options.follow_links)
 
 
 def test_links_out_of_the_tree_are_error_documents_unless_followed(tmp_path):
