@@ -26,7 +26,8 @@ from starlette.concurrency import run_in_threadpool
 from wmark.api.deps import AdmittedRoute, decoded_body, require
 from wmark.api.errors import DATABASE_UNAVAILABLE
 from wmark.api.generate_settings import GenerationSettings
-from wmark.api.generation import Event, Failed, Finished, Generation, Job, Tokens, served_sampler
+from wmark.api.generation import Generation
+from wmark.api.generation_job import Event, Failed, Finished, Job, Tokens, served_sampler
 from wmark.api.openai_errors import error_type
 from wmark.api.openai_schemas import (
     ChatCompletionRequest,
@@ -216,6 +217,7 @@ async def _complete(
             "prompt_sha256": text_digest(body.digest_source()),
             "stream": body.stream,
         },
+        stream=body.stream,
     )
     generation.submit(job)
     first = await _unless_disconnected(job.events.get(), request)

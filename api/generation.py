@@ -1,18 +1,21 @@
 """One loaded model pair and the queue in front of it: requests wait their turn, then generate.
 
-A single worker thread owns the models (a model pair is neither thread-safe nor worth sharing:
-one generation already keeps the cores busy). The event loop submits `Job`s and reads what the
-worker sends back through the job's asyncio queue: the tokens of each block, then the result
-(after the audit row is written) or the error. A job whose client went away is cancelled: the
-engine checks between blocks and stops. A job whose token or key was revoked is stopped the same
-way, at its start or between blocks (`revocation`), and ends with that error. Every job the
-worker takes is audited, however it ends. At most `max_queue` jobs wait behind the running one
-(0: none wait); one more is refused with `QueueFull` (429, Retry-After from the recent
-generation times).
+A single worker thread owns the models (a model pair is neither thread-safe nor worth sharing: one
+generation already keeps the cores busy). The event loop submits `Job`s and reads what the worker
+sends back through the job's asyncio queue (`wmark.api.generation_job`): the tokens of each block,
+then the result (after the audit row is written) or the error. A job whose client went away is
+cancelled: the engine checks between blocks and stops. A job whose token or key was revoked is
+stopped the same way, at its start or between blocks (`revocation`), and ends with that error. Every
+job the worker takes is audited, however it ends. A streamed job's tokens reach the client before it
+ends, so it is on record before the first of them: a `generate_start` row (the request, no output)
+is written when it starts, and its end row names it (`start_seq`). If that row cannot be written the
+job does not start, and a process killed mid-stream still leaves the start row. At most `max_queue`
+jobs wait behind the running one (0: none wait); one more is refused with `QueueFull` (429,
+Retry-After from the recent generation times).
 
 Prompts are tokenised on a small pool of their own (`tokenise`), off the event loop and off the
-threads that `def` routes and authentication share: a flood of big prompts waits there, and
-the service goes on answering everything else.
+threads that `def` routes and authentication share: a flood of big prompts waits there, and the
+service goes on answering everything else.
 """
 
 from __future__ import annotations
@@ -26,9 +29,8 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import OperationalError
@@ -36,50 +38,24 @@ from sqlalchemy.exc import OperationalError
 from wmark.api import revocation
 from wmark.api.errors import RateLimited
 from wmark.api.generate_settings import GenerationSettings
+from wmark.api.generation_job import Failed, Finished, Job, Tokens
 from wmark.api.metrics import Metrics
 from wmark.errors import KeyRegistryError, KeyRevokedError, WmarkError
 from wmark.generator.backend import LanguageModel
 from wmark.generator.cpu.threads import CoreMeter, ThreadPlan
 from wmark.generator.drafters.build import build_drafter, drafter_model_source
 from wmark.generator.engine import METHODS, SamplerConfig, check_key_binding, generate
-from wmark.generator.logits import LogitsConfig
 from wmark.generator.models.loading import ModelPair, load_pair
 from wmark.generator.result import GenerationResult
 from wmark.keymaterial import KeyMaterial
 from wmark.keys import KeyRegistry
 from wmark.keys.audit import AuditEntry, text_digest
 
-__all__ = [
-    "Event",
-    "Failed",
-    "Finished",
-    "Generation",
-    "GenerationFailed",
-    "Job",
-    "QueueFull",
-    "Tokens",
-    "served_sampler",
-]
+__all__ = ["Generation", "GenerationFailed", "NoGenerationKey", "QueueFull"]
 
 log = logging.getLogger("wmark.api")
 T = TypeVar("T")
 TOKENISING_THREADS = 2  # prompts tokenised at once (tokenizers releases the GIL in encode_batch)
-
-
-def served_sampler(
-    settings: GenerationSettings, *, max_tokens: int, temperature: float, top_p: float
-) -> SamplerConfig:
-    """The sampler a request runs: the server's method with the default drafting (the same as
-    `wmark generate`'s: L = 6, a branch ending below the drafter's probability 0.8) and the
-    request's budget, temperature and top-p."""
-    assert settings.method is not None
-    logits = LogitsConfig(temperature=temperature, top_k=settings.top_k, top_p=top_p)
-    return SamplerConfig(
-        method=settings.method,
-        max_new_tokens=max_tokens,
-        target_logits=logits,
-        draft_logits=logits,
-    )
 
 
 class QueueFull(RateLimited):
@@ -119,88 +95,6 @@ class GenerationFailed(WmarkError):
 
     def __init__(self) -> None:
         super().__init__("the generation failed (logged on the server)")
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """The tokens one block emitted."""
-
-    ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Finished:
-    """The generation ended (EOS, budget, or cancelled) and was audited as `audit_seq`."""
-
-    result: GenerationResult
-    audit_seq: int
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The generation did not finish: `error` says why (a `WmarkError`, or the database's
-    `OperationalError`: both have their handler, so the client gets OpenAI's error shape)."""
-
-    error: Exception
-
-
-Event = Tokens | Finished | Failed
-
-
-@dataclass(eq=False, kw_only=True)
-class Job:
-    """One request's generation.
-
-    Attributes:
-        prompt_ids: the prompt's token IDs.
-        config: sampler settings (method, budget, temperature, top-p ...).
-        key: the server's watermark key.
-        seed: the request's seed (reproducible unkeyed randomness), or None.
-        token_id: the token that asked (checked for revocation until the job ends).
-        audit: what the audit row says about the request besides the generation (endpoint,
-            prompt digest).
-        stopped: set by the worker when a revocation stopped the job.
-    """
-
-    prompt_ids: Sequence[int]
-    config: SamplerConfig
-    key: KeyMaterial
-    seed: int | None
-    token_id: str
-    audit: dict[str, Any]
-    stopped: WmarkError | None = None
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
-    on_cancel: Callable[[Job], None] | None = None  # set by `Generation.submit`: frees its place
-
-    @property
-    def actor(self) -> str:
-        """Who asked, as the audit log names them."""
-        return f"token:{self.token_id}"
-
-    def cancel(self) -> None:
-        """Stop generating at the next block boundary (no-op once finished); a job still waiting
-        gives its place in the queue back at once."""
-        self.cancelled.set()
-        if self.on_cancel is not None:
-            self.on_cancel(self)
-
-    def send(self, event: Event) -> None:
-        """From the worker thread: hand `event` to the request's coroutine."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is closed: the server is shutting down
-            self.cancel()
-
-    async def finished(self) -> Finished:
-        """Wait for the end (tokens are skipped); re-raise the worker's error."""
-        while True:
-            event = await self.events.get()
-            if isinstance(event, Finished):
-                return event
-            if isinstance(event, Failed):
-                raise event.error
 
 
 class Generation:
@@ -384,7 +278,13 @@ class Generation:
             self._plan = plan
         result: GenerationResult | None = None
         try:
-            self._start(job)
+            self._start(job)  # may move the job to its key's successor
+            # audited, so answered or streamed, only if neither was revoked since the last check
+            allowed = functools.partial(
+                revocation.ensure_allowed, token_id=job.token_id, key_id=job.key.key_id
+            )
+            if job.stream:  # on record before its first token leaves
+                job.start_seq = self._audit_start(job, precondition=allowed)
             result = generate(
                 self.pair.target,
                 job.prompt_ids,
@@ -398,10 +298,6 @@ class Generation:
             )
             if job.stopped is not None:
                 raise job.stopped
-            # audited, so answered, only if neither was revoked since the last block
-            allowed = functools.partial(
-                revocation.ensure_allowed, token_id=job.token_id, key_id=job.key.key_id
-            )
             seq = self._audit(job, result, result.stop_reason, precondition=allowed)
         except Exception as exc:  # the worker must outlive any one request
             return self._failed(job, exc, result)
@@ -462,13 +358,12 @@ class Generation:
         """One row per job the worker took: digests of prompt and output, key, counts, how it
         ended; never the text. `precondition` runs in the row's transaction (`AuditLog.append`)."""
         outcome: dict[str, Any] = {
-            **job.audit,
-            "model": self.settings.model_name,
-            "method": job.config.method,
-            "prompt_tokens": len(job.prompt_ids),
+            **self._request(job),
             "completion_tokens": len(result.token_ids) if result is not None else 0,
             "finish_reason": finish_reason,
         }
+        if job.start_seq is not None:
+            outcome["start_seq"] = job.start_seq
         if result is not None:
             outcome["aatps"] = round(result.aatps, 4)
         if error is not None:
@@ -482,3 +377,20 @@ class Generation:
         )
         (record,) = self.registry.audit.append(entry, precondition=precondition)
         return record.seq
+
+    def _audit_start(self, job: Job, *, precondition: Callable[[Any], None]) -> int:
+        """The `generate_start` row of a streamed job: the request and the key, no output yet."""
+        entry = AuditEntry(
+            actor=job.actor, action="generate_start", key_ids=(job.key.key_id,), result=self._request(job)
+        )
+        (record,) = self.registry.audit.append(entry, precondition=precondition)
+        return record.seq
+
+    def _request(self, job: Job) -> dict[str, Any]:
+        """What both of a job's rows say of the request."""
+        return {
+            **job.audit,
+            "model": self.settings.model_name,
+            "method": job.config.method,
+            "prompt_tokens": len(job.prompt_ids),
+        }

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,9 +47,14 @@ class Served:
     key_id: str
     tokens: dict[str, str]
     app: object
+    clients: list[openai.OpenAI] = field(default_factory=list)  # closed when the server stops
 
     def client(self, role: str = "generator", **kwargs: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.tokens[role], max_retries=0, **kwargs)
+        """An OpenAI client of `role`; its pooled connections close with the server, not at some
+        later garbage collection (where an unclosed socket's warning fails another test)."""
+        made = openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.tokens[role], max_retries=0, **kwargs)
+        self.clients.append(made)
+        return made
 
     @property
     def generation(self) -> Any:
@@ -99,9 +104,12 @@ class Harness:
         thread.start()
         self.until(lambda: server.started or not thread.is_alive(), "the server to start")
         assert server.started, "the server did not start"
+        served = Served(f"http://127.0.0.1:{port}", registry, key_id, tokens, app)
         try:
-            yield Served(f"http://127.0.0.1:{port}", registry, key_id, tokens, app)
+            yield served
         finally:
+            for client in served.clients:
+                client.close()
             server.should_exit = True
             thread.join(WAIT_S)
             registry.close()

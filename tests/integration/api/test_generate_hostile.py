@@ -369,12 +369,64 @@ def test_a_stream_whose_audit_row_cannot_be_written_ends_with_the_services_503_e
     # non-streamed route tells it (503 database_unavailable), not as an internal error
     with gen.served(method="basic-uwm") as srv:
         gate.release(1000)
+        audit = srv.generation.registry.audit
+        real = audit.append
+
+        def end_unreachable(*entries: Any, **options: Any) -> Any:
+            if entries[0].action == "generate":  # the start row is written, the end row is not
+                raise OperationalError("INSERT", {}, Exception("database is locked"))
+            return real(*entries, **options)
+
+        monkeypatch.setattr(audit, "append", end_unreachable)
+        with (
+            srv.client().chat.completions.create(**{**ASK, "max_tokens": 3}, stream=True) as stream,
+            pytest.raises(openai.APIError) as caught,
+        ):
+            list(stream)
+        assert caught.value.body["code"] == "database_unavailable"
+        assert caught.value.body["type"] == "server_error"
+        (started,) = audit.page(limit=10, action="generate_start")
+        assert started.result["stream"] is True and gen.generations(srv.registry) == []
+
+
+def test_a_stream_is_on_record_before_its_first_token_and_its_end_row_names_the_start(gen, gate):
+    # a streamed text reaches the client block by block, so a process killed mid-stream must
+    # still leave a row: the start row is written before the first block is generated
+    with gen.served(method="basic-uwm") as srv:
+        audit, client = srv.generation.registry.audit, srv.client()
+        # the response starts with the first block, which the gate holds: ask from a thread
+        outcomes, threads = _in_threads(
+            {"stream": lambda: list(client.chat.completions.create(**{**ASK, "max_tokens": 4}, stream=True))}
+        )
+        gen.until(lambda: audit.page(limit=10, action="generate_start"), "the start row")
+        (started,) = audit.page(limit=10, action="generate_start")
+        assert started.key_ids == (srv.key_id,) and started.text_sha256 is None
+        assert started.result["prompt_tokens"] == 10 and "completion_tokens" not in started.result
+        assert gen.generations(srv.registry) == []  # nothing generated yet: the gate holds the model
+        gate.release(1000)
+        threads[0].join(WAIT_S)
+        assert isinstance(outcomes["stream"], list), outcomes
+        (ended,) = gen.generations(srv.registry)
+        assert ended.result["start_seq"] == started.seq and ended.seq > started.seq
+        assert ended.result["finish_reason"] == "length" and ended.result["completion_tokens"] == 4
+        assert srv.client().chat.completions.create(**{**ASK, "max_tokens": 2}).usage.completion_tokens == 2
+        assert len(audit.page(limit=10, action="generate_start")) == 1  # not streamed: one row
+        assert "start_seq" not in gen.generations(srv.registry)[-1].result
+
+
+def test_a_stream_whose_start_row_cannot_be_written_never_starts(gen, gate, monkeypatch):
+    blocks: list[int] = []
+    gated = engine.METHODS["basic-uwm"]
+    counted = engine.Method(lambda inputs: blocks.append(1) or gated.block(inputs), True, False, False)
+    monkeypatch.setitem(engine.METHODS, "basic-uwm", counted)
+    with gen.served(method="basic-uwm") as srv:
+        gate.release(1000)
 
         def unreachable(*_entries: Any, **_options: Any) -> Any:
             raise OperationalError("INSERT", {}, Exception("database is locked"))
 
         monkeypatch.setattr(srv.generation.registry.audit, "append", unreachable)
-        with pytest.raises(openai.APIError) as caught:
-            list(srv.client().chat.completions.create(**{**ASK, "max_tokens": 3}, stream=True))
-        assert caught.value.body["code"] == "database_unavailable"
-        assert caught.value.body["type"] == "server_error"
+        with pytest.raises(openai.APIStatusError) as caught:  # an HTTP error, not a broken stream
+            srv.client().chat.completions.create(**{**ASK, "max_tokens": 3}, stream=True)
+        assert caught.value.status_code == 503 and gen.error(caught.value)["code"] == "database_unavailable"
+        assert blocks == []  # no block was generated

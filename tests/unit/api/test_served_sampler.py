@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from wmark.api.generate_settings import GenerationSettings
-from wmark.api.generation import served_sampler
+from wmark.api.generation_job import served_sampler
 from wmark.generator.names import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_LOOKAHEAD
 
 
