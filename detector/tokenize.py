@@ -144,18 +144,49 @@ def read_tokenizer_source(source: str, embedded: Callable[[], bytes] | None = No
     return data, name
 
 
+MIN_CONVERTED_VOCAB = 256  # a byte-level vocabulary's floor; real models have tens of thousands
+
+# what transformers can build a fast tokenizer from, besides tokenizer.json
+_TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.tiktoken",
+)
+
+
 def _convert_hf_directory(path: Path) -> bytes:
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise TokenizerError(
+            f"no tokenizer in {path}: it holds no tokenizer.json nor any file a tokenizer is built "
+            "from; give a tokenizer.json file or a model directory"
+        )
     try:
         from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
     except ImportError as exc:
         raise TokenizerError(
             f"{path} has no tokenizer.json; converting its tokenizer needs: pip install 'wmark[generate]'"
         ) from exc
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its fallbacks' warnings: the error below says what failed
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise TokenizerError(f"cannot load a tokenizer from {path}: {exc}") from exc
+    except (OSError, ValueError) as exc:  # transformers' messages run over several lines
+        raise TokenizerError(f"cannot load a tokenizer from {path}: {' '.join(str(exc).split())}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
         raise TokenizerError(f"the tokenizer in {path} has no fast (tokenizers) version")
+    if (size := backend.get_vocab_size()) < MIN_CONVERTED_VOCAB:
+        # transformers builds an all but empty tokenizer from a config whose vocabulary files
+        # are missing; a key bound to it would never detect anything
+        raise TokenizerError(
+            f"the tokenizer built from {path} has {size} tokens: its vocabulary files are missing?"
+        )
     return str(backend.to_str()).encode("utf-8")

@@ -98,6 +98,11 @@ def test_detect_files_stdin_and_json(tokenizer_file, tmp_path, planted):
         (None, ["keys", "show", "wk_nope"], "no key with id"),
         (None, ["keys", "create", "x", "--tokenizer", "{tmp}/nope.json"], "no tokenizer"),
         ("bad", ["keys", "create", "x", "--tokenizer", "{tmp}/bad.txt"], "not a tokenizer.json"),
+        ("dir", ["keys", "create", "x", "--tokenizer", "{tmp}/adir"], "no tokenizer in"),
+        # a config without its vocabulary: transformers builds a 3-token tokenizer from it
+        ("model dir", ["keys", "create", "x", "--tokenizer", "{tmp}/adir"], "has 3 tokens"),
+        # a file transformers looks at but cannot build from: its several-line message on one line
+        ("bad model dir", ["keys", "create", "x", "--tokenizer", "{tmp}/adir"], "cannot load a tokenizer"),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_2(setup, args, message, tmp_path, tokenizer_file):
@@ -105,8 +110,12 @@ def test_bad_input_gives_one_line_and_exit_2(setup, args, message, tmp_path, tok
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00bad")
     (tmp_path / "empty.txt").write_text("  \n")
     (tmp_path / "ok.txt").write_text("w1 w2 w3 w4 w5 w6")
-    if setup == "dir":
+    if setup in ("dir", "model dir", "bad model dir"):
         (tmp_path / "adir").mkdir()
+    if setup == "model dir":
+        (tmp_path / "adir" / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer"}')
+    if setup == "bad model dir":
+        (tmp_path / "adir" / "tokenizer.model").write_bytes(b"not a sentencepiece model")
     if setup == "big":
         (tmp_path / "big.txt").write_text("w1 " * 334)  # 1,002 bytes
     if setup == "huge":  # 50 MB (sparse): refused after reading 4 MiB + 1 bytes, not read whole
