@@ -102,10 +102,12 @@ class AuditEntry:
 
     Attributes:
         actor: who did it ("token:<id>", "cli:<user>", "anonymous").
-        action: what ("detect", "scan", "key_create", "key_rotate", "key_revoke", "token_create",
-            "token_revoke", "auth_failed").
+        action: what ("detect", "scan_start", "scan", "generate_start", "generate", "key_create",
+            "key_rotate", "key_revoke", "key_calibrate", "receipt_key_create|rotate|revoke",
+            "token_create", "token_revoke", "auth_failed").
         key_ids: keys involved.
-        text_sha256: SHA-256 of the text detected, for detections; of the results file, for scans.
+        text_sha256: SHA-256 of the text detected, for detections; of the results file, for
+            scans; of the output, for generations.
         result: JSON-ready outcome (verdict, p-value, status, reason ...).
     """
 
