@@ -215,7 +215,6 @@ async def _complete(
         audit={
             "endpoint": request.url.path,
             "prompt_sha256": text_digest(body.digest_source()),
-            "stream": body.stream,
         },
         stream=body.stream,
     )

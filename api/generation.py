@@ -390,6 +390,7 @@ class Generation:
         """What both of a job's rows say of the request."""
         return {
             **job.audit,
+            "stream": job.stream,
             "model": self.settings.model_name,
             "method": job.config.method,
             "prompt_tokens": len(job.prompt_ids),

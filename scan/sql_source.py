@@ -95,7 +95,7 @@ class SqlSource:
         try:
             with self.engine.connect() as conn:
                 found = conn.execute(
-                    self._text(f"SELECT COUNT(*) FROM ({self.query}) AS wmark_scan")
+                    self._text(f"SELECT COUNT(*) FROM ({self.query}\n) AS wmark_scan")
                 ).scalar()
         except SQLAlchemyError:
             return None
